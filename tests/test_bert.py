@@ -1,0 +1,297 @@
+"""bert.py: exact parity with Hugging Face transformers, its tokenizer, the real MiniLM weights, bad checkpoints, downloads."""
+import hashlib, http.server, json, random, subprocess, sys, threading
+from pathlib import Path
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import bert
+from bert import CheckpointError, load_bert, load_tokenizer, load_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_hf_config(**kw):
+    return transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                   intermediate_size=37, max_position_embeddings=64, type_vocab_size=2,
+                                   layer_norm_eps=0.1, initializer_range=0.2, **kw)  # O(1) activations and an odd eps: tanh-GELU or a fixed eps would show
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    torch.manual_seed(0)
+    m = transformers.BertForPreTraining(tiny_hf_config()).eval()
+    with torch.no_grad():  # move the LayerNorms off their (1, 0) init so a swapped weight/bias cannot pass
+        for name, p in m.named_parameters():
+            if "LayerNorm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return m
+
+
+def save_layout(model, directory, legacy):
+    """Save as HF does ("bert." prefix), or the old TF-converted way: no prefix, LayerNorm gamma/beta."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.clone() for k, v in model.state_dict().items() if k != "cls.predictions.decoder.weight"}
+    if legacy:
+        sd = {k.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+              for k, v in sd.items()}
+    save_file(sd, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(model.config.to_json_string())
+    return directory
+
+
+def padded_batch():
+    torch.manual_seed(1)
+    ids = torch.randint(5, 120, (3, 11))
+    types = torch.zeros_like(ids)
+    types[:, 6:] = 1
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # rows of different lengths; padding positions hold real-looking ids on purpose,
+    mask[2, 4:] = 0  # so a model that masks by token id 0 instead of attention_mask fails
+    return ids, types, mask
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_parity_with_transformers(hf_model, tmp_path, legacy):
+    model, new_heads = load_weights(save_layout(hf_model, tmp_path / "m", legacy))
+    assert new_heads == ()
+    ids, types, mask = padded_batch()
+    with torch.no_grad():
+        ref = hf_model(input_ids=ids, token_type_ids=types, attention_mask=mask, output_hidden_states=True)
+        ref_pooled = hf_model.bert(input_ids=ids, token_type_ids=types, attention_mask=mask).pooler_output
+        out = model.eval()(ids, types, mask, output_hidden_states=True)
+    torch.testing.assert_close(out.nsp_logits, ref.seq_relationship_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.pooled, ref_pooled, atol=1e-5, rtol=0)
+    assert len(out.hidden_states) == len(ref.hidden_states) == 4
+    for ours, theirs, m in zip(out.hidden_states, ref.hidden_states, [mask] * 4):
+        keep = m.bool()  # HF and we both compute padded positions, but only real ones are defined outputs
+        torch.testing.assert_close(ours[keep], theirs[keep], atol=1e-5, rtol=0)
+
+
+def test_inputs_embeds_equals_input_ids(hf_model, tmp_path):
+    model, _ = load_weights(save_layout(hf_model, tmp_path / "m", False))
+    ids, types, mask = padded_batch()
+    with torch.no_grad():
+        a = model.eval()(ids, types, mask).nsp_logits
+        b = model(inputs_embeds=model.embeddings.word(ids), token_type_ids=types, attention_mask=mask).nsp_logits
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_config_inferred_from_shapes(tmp_path):
+    """No config.json: sizes come from the tensors, heads from BERT's head size of 64."""
+    torch.manual_seed(2)
+    hf = transformers.BertForPreTraining(transformers.BertConfig(
+        vocab_size=120, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=200,
+        max_position_embeddings=64)).eval()
+    d = save_layout(hf, tmp_path / "m", False)
+    (d / "config.json").unlink()
+    model, _ = load_weights(d)
+    c = model.config
+    assert (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size,
+            c.max_position_embeddings) == (120, 128, 2, 2, 200, 64)
+    ids, types, mask = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(ids, types, mask).nsp_logits,
+                                   hf(input_ids=ids, token_type_ids=types, attention_mask=mask).seq_relationship_logits,
+                                   atol=1e-5, rtol=0)
+
+
+def test_missing_nsp_head_is_new_and_trainable(hf_model, tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    sd = {k: v.contiguous() for k, v in hf_model.bert.state_dict().items()}  # a BertModel: no "bert." prefix, no cls.*
+    save_file(sd, str(d / "model.safetensors"))
+    (d / "config.json").write_text(hf_model.config.to_json_string())
+    model, new_heads = load_weights(d)
+    assert new_heads == ("pooler", "nsp")
+    assert not model.nsp.weight.is_meta and model.nsp.weight.abs().sum() > 0 and model.nsp.bias.abs().sum() == 0
+
+
+# ------------------------------------------------------------------------------------------ tokenizer parity
+def entity_texts(n=400):
+    texts = []
+    for name, file in [("FB15k-237", "entity2text.txt"), ("WN18RR", "entity2text.txt"), ("umls", "entity2textlong.txt"),
+                       ("FB13", "entity2text_capital.txt")]:
+        path = DATA / name / file
+        if not path.is_file():
+            pytest.skip(f"{path} not present")
+        lines = [line.split("\t", 1)[1] for line in path.read_text(encoding="utf-8").splitlines() if "\t" in line]
+        accented = [t for t in lines if not t.isascii()][: n // 8]  # accents and non-Latin scripts on purpose
+        texts += accented + random.Random(0).sample(lines, n // 4 - len(accented))
+    return texts + ["Zoë Saldaña (actress)", "São Paulo; F.C. -- 1920's", "naïve café", "C++/Java, e.g."]
+
+
+def test_tokenizer_matches_hf_uncased(tmp_path):
+    minilm = bert.resolve_model("minilm")
+    texts = entity_texts()
+    ref = transformers.BertTokenizerFast(str(minilm / "vocab.txt"), do_lower_case=True)
+    expected = [ref(t, add_special_tokens=False)["input_ids"] for t in texts]
+    # via the shipped tokenizer.json, and via vocab.txt + tokenizer_config.json only
+    (tmp_path / "vocab.txt").write_bytes((minilm / "vocab.txt").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    for tok in (load_tokenizer(minilm), load_tokenizer(tmp_path)):
+        assert [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)] == expected
+    assert any(e != [ref.unk_token_id] * len(e) for e in expected)
+
+
+def test_tokenizer_matches_hf_cased(tmp_path):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    texts = entity_texts()
+    # A cased WordPiece vocabulary trained here on the texts (the real bert-base-cased vocab cannot be downloaded).
+    t = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    t.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+    t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    t.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=2000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    for d in (tmp_path / "bert-tiny-cased", tmp_path / "with-config"):
+        d.mkdir()
+        t.model.save(str(d))
+    (tmp_path / "with-config" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    ref = transformers.BertTokenizerFast(str(tmp_path / "with-config" / "vocab.txt"), do_lower_case=False)
+    expected = [ref(x, add_special_tokens=False)["input_ids"] for x in texts]
+    for d in (tmp_path / "bert-tiny-cased", tmp_path / "with-config"):  # cased from the name, or from the config
+        assert [e.ids for e in load_tokenizer(d).encode_batch(texts, add_special_tokens=False)] == expected
+    vocab = (tmp_path / "with-config" / "vocab.txt").read_text().split()
+    assert "Saldaña" in texts[-4] and any(w[0].isupper() for w in vocab)  # really cased
+
+
+# -------------------------------------------------------------------------------------------- real MiniLM
+def test_minilm_matches_transformers():
+    loaded = load_bert("minilm")
+    assert loaded.new_heads == ("pooler", "nsp") and loaded.config.hidden_size == 384
+    ref = transformers.BertModel.from_pretrained(str(loaded.path), add_pooling_layer=False).eval()
+    enc = [loaded.tokenizer.encode(a, b) for a, b in [("Paris", "capital of France"), ("a longer head entity text", "x")]]
+    L = max(len(e.ids) for e in enc)
+    ids = torch.tensor([e.ids + [0] * (L - len(e.ids)) for e in enc])
+    types = torch.tensor([e.type_ids + [0] * (L - len(e.ids)) for e in enc])
+    mask = torch.tensor([[1] * len(e.ids) + [0] * (L - len(e.ids)) for e in enc])
+    with torch.no_grad():
+        ours = loaded.model.eval()(ids, types, mask, output_hidden_states=True).hidden_states[-1]
+        theirs = ref(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(ours[mask.bool()], theirs[mask.bool()], atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------- bad checkpoints
+def run_check(path):
+    return subprocess.run([sys.executable, str(ROOT / "bert.py"), "--check", str(path)], capture_output=True, text=True)
+
+
+def assert_one_line_error(path, needle):
+    with pytest.raises(CheckpointError, match=needle):
+        load_weights(path)
+    r = run_check(path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert needle.split("\\")[0] in r.stderr
+
+
+def test_bad_checkpoints(hf_model, tmp_path):
+    good = save_layout(hf_model, tmp_path / "good", False)
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    assert_one_line_error(missing, "model.safetensors: no such file")
+
+    truncated = save_layout(hf_model, tmp_path / "truncated", False)
+    data = (good / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert_one_line_error(truncated, "not a readable safetensors file")
+
+    def variant(name, edit):
+        d = tmp_path / name
+        d.mkdir()
+        sd = {k: v.clone() for k, v in hf_model.state_dict().items() if k != "cls.predictions.decoder.weight"}
+        edit(sd)
+        save_file(sd, str(d / "model.safetensors"))
+        (d / "config.json").write_text(hf_model.config.to_json_string())
+        return d
+
+    wrong = variant("shape", lambda sd: sd.__setitem__("bert.encoder.layer.1.output.dense.weight", torch.zeros(32, 36)))
+    assert_one_line_error(wrong, r"'bert.encoder.layer.1.output.dense.weight' has shape \(32, 36\)")
+    unknown = variant("unknown", lambda sd: sd.__setitem__("bert.encoder.layer.0.adapter.weight", torch.zeros(3)))
+    assert_one_line_error(unknown, "unknown key 'bert.encoder.layer.0.adapter.weight'")
+    absent = variant("absent", lambda sd: sd.pop("bert.encoder.layer.2.attention.self.key.bias"))
+    assert_one_line_error(absent, r"missing key for layers.2.k.bias")
+    r = run_check(tmp_path / "nowhere")
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "no such model directory" in r.stderr
+
+
+def test_check_cli_reports_heads(hf_model, tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bert.py"), "--check", "minilm"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "22,713,986" in r.stdout and "nsp     NEW" in r.stdout and "P(is next" in r.stdout
+
+
+# ------------------------------------------------------------------------------------------------ downloads
+class Hub(http.server.BaseHTTPRequestHandler):
+    """A stand-in for the hub: HEAD/GET on resolve/main answer like HF (LFS files redirect with X-Linked-*),
+    the storage path honours Range so that downloads can resume."""
+    files, sabotage, requests = {}, set(), []
+
+    def log_message(self, *a):
+        pass
+
+    def do_HEAD(self):
+        self.do_GET(body=False)
+
+    def do_GET(self, body=True):
+        name = self.path.rsplit("/", 1)[-1]
+        self.requests.append((self.command, self.path, self.headers.get("Range")))
+        if name not in self.files:
+            return self.send_error(404)
+        data = self.files[name]
+        if "/resolve/main/" in self.path and name.endswith(".safetensors"):
+            self.send_response(302)
+            self.send_header("Location", f"/storage/{name}")
+            self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("X-Linked-Etag", f'"{hashlib.sha256(data).hexdigest()}"')
+            self.send_header("Content-Length", "0")
+            return self.end_headers()
+        if name in self.sabotage:
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        start = int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        if body:
+            self.wfile.write(data[start:])
+
+
+@pytest.fixture
+def hub(hf_model, tmp_path, monkeypatch):
+    src = save_layout(hf_model, tmp_path / "src", False)
+    (src / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(115)]))
+    (src / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    Hub.files = {f: (src / f).read_bytes() for f in bert.HUB_FILES}
+    Hub.sabotage, Hub.requests = set(), []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(bert, "HUB", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
+    yield server
+    server.shutdown()
+
+
+def test_download_resumes_and_verifies(hub, hf_model, tmp_path):
+    target = tmp_path / "weights" / "bert-base-cased"
+    target.mkdir(parents=True)
+    blob = Hub.files["model.safetensors"]
+    (target / "model.safetensors.part").write_bytes(blob[:1000])  # an interrupted earlier download
+    loaded = load_bert("bert-base-cased")
+    assert (target / "model.safetensors").read_bytes() == blob and not list(target.glob("*.part"))
+    assert ("GET", "/storage/model.safetensors", "bytes=1000-") in Hub.requests  # it resumed, not restarted
+    assert loaded.weights_sha256 == hashlib.sha256(blob).hexdigest() and loaded.new_heads == ()
+
+
+def test_download_rejects_corrupt_file(hub, tmp_path):
+    Hub.sabotage = {"model.safetensors"}
+    with pytest.raises(CheckpointError, match="failed its check"):
+        load_bert("bert-large-cased")
+    target = tmp_path / "weights" / "bert-large-cased"
+    assert not (target / "model.safetensors").exists() and not list(target.glob("*.part"))
+
+
+def test_download_offline_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(bert, "HUB", "http://127.0.0.1:9")  # discard port: connection refused
+    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
+    with pytest.raises(CheckpointError, match=r"cannot download .* into .*bert-base-uncased/"):
+        load_bert("bert-base-uncased")
