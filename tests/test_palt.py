@@ -1,0 +1,117 @@
+"""palt.py: zero-init PALT is plain BERT, only PALT parts train, the paper's parameter count, checkpoints."""
+import pytest
+import torch
+
+from bert import Bert, BertConfig, CheckpointError, load_bert
+from conftest import make_bert_dir
+from palt import PALT, PaltConfig, load_checkpoint, param_report, save_checkpoint
+
+WORDS = [f"w{i}" for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return make_bert_dir(tmp_path_factory.mktemp("bert"), WORDS, layers=4)
+
+
+def batch(prompts=(0, 0, 0), seed=0):
+    """Random token ids with prompt slots after [CLS], before the first [SEP] and before the last [SEP]."""
+    g = torch.Generator().manual_seed(seed)
+    b, m, e = prompts
+    ids = torch.randint(5, 45, (3, 12), generator=g)
+    rows = []
+    for row in ids:
+        rows.append([2] + [0] * b + row[:5].tolist() + [0] * m + [3] + row[5:9].tolist() + [0] * e + [3])
+    ids = torch.tensor(rows)
+    prompt_index = torch.full_like(ids, -1)
+    slots = [*range(1, 1 + b), *range(6 + b, 6 + b + m), *range(11 + b + m, 11 + b + m + e)]
+    prompt_index[:, slots] = torch.arange(b + m + e)
+    types = (torch.arange(ids.shape[1]) > 6 + b + m - 1).long().expand_as(ids).clone()
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0  # a padded row
+    return dict(input_ids=ids, token_type_ids=types, attention_mask=mask, prompt_index=prompt_index)
+
+
+def test_zero_init_palt_without_prompts_is_exactly_bert(base):
+    loaded = load_bert(base)
+    palt = PALT(loaded.model, PaltConfig(prompts=(0, 0, 0))).eval()
+    x = batch()
+    with torch.no_grad():
+        ref = loaded.model(x["input_ids"], x["token_type_ids"], x["attention_mask"]).nsp_logits
+        assert torch.equal(palt(**x), ref)  # W_p and W_c are zero: bit for bit the same computation
+        palt.calib["3"].weight.add_(torch.randn(32, 32) * 0.1)  # and the calibration really is in the path
+        assert not torch.allclose(palt(**x), ref)
+
+
+def test_prompts_are_inserted_at_their_slots(base):
+    """Prompt vectors equal to some tokens' embeddings must give BERT's output on those tokens."""
+    loaded = load_bert(base)
+    palt = PALT(loaded.model, PaltConfig(prompts=(2, 1, 3))).eval()
+    x = batch((2, 1, 3))
+    tokens = torch.tensor([7, 8, 9, 10, 11, 12])
+    with torch.no_grad():
+        palt.prompts.copy_(loaded.model.embeddings.word(tokens))
+        ids = torch.where(x["prompt_index"] >= 0, tokens[x["prompt_index"].clamp(min=0)], x["input_ids"])
+        ref = loaded.model(ids, x["token_type_ids"], x["attention_mask"]).nsp_logits
+        torch.testing.assert_close(palt(**x), ref, atol=1e-6, rtol=0)
+
+
+def test_only_palt_parameters_get_gradients(base):
+    loaded = load_bert(base)
+    palt = PALT(loaded.model, PaltConfig(prompts=(2, 1, 1), prompt_mlp=True))
+    palt(**batch((2, 1, 1))).sum().backward()
+    got = {n for n, p in palt.named_parameters() if p.grad is not None}
+    assert got == {n for n, p in palt.named_parameters() if not n.startswith("bert.")}
+    assert {"prompts", "W_p.weight", "calib.2.weight", "calib.3.bias", "prompt_mlp.0.weight"} <= got
+
+
+def test_new_heads_train_and_finetune_trains_everything(base, tmp_path):
+    headless = load_bert(make_bert_dir(tmp_path / "headless", WORDS, nsp=False))
+    assert headless.new_heads == ("pooler", "nsp")
+    palt = PALT(headless.model, PaltConfig(prompts=(1, 0, 0), calib_layers=()), headless.new_heads)
+    trainable = {n for n, p in palt.named_parameters() if p.requires_grad}
+    assert trainable == {"prompts", "W_p.weight", "W_p.bias", "bert.pooler.weight", "bert.pooler.bias",
+                         "bert.nsp.weight", "bert.nsp.bias"}
+    ft = PALT(load_bert(base).model, PaltConfig(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, finetune=True))
+    assert all(p.requires_grad for p in ft.parameters()) and param_report(ft)["percent"] == 100
+    with pytest.raises(ValueError, match="finetune"):
+        PALT(load_bert(base).model, PaltConfig(finetune=True))
+
+
+def test_parameter_count_matches_the_paper_for_bert_base():
+    """n_p*d_e + d_e*d_h + 2*d_h*d_h = 1,771,008 weights for 2 prompts, W_p and W_c at layers 6 and 11;
+    we keep the biases b_p, b_c of Eq. 1 and 2: 3 * 768 more."""
+    with torch.device("meta"):
+        bert = Bert(BertConfig())  # the bert-base shape, no download
+    palt = PALT(bert, PaltConfig(prompts=(2, 0, 0)))
+    r = param_report(palt)
+    assert palt.calib_layers == (6, 11)
+    assert r["tunable"] == 2 * 768 + 768 * 768 + 2 * 768 * 768 + 3 * 768 == 1_771_008 + 2_304
+    assert r["total"] - r["tunable"] == 109_483_778  # BertForPreTraining's encoder, pooler and NSP head
+    assert round(r["percent"], 1) == 1.6
+    with torch.device("meta"):
+        large = Bert(BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096))
+    assert PALT(large, PaltConfig()).calib_layers == (12, 23)
+
+
+def test_checkpoint_roundtrip_and_wrong_base(base, tmp_path):
+    loaded = load_bert(base)
+    palt = PALT(loaded.model, PaltConfig(prompts=(2, 1, 3))).eval()
+    with torch.no_grad():
+        for p in (palt.prompts, palt.W_p.weight, palt.calib["3"].weight):
+            p.add_(torch.randn_like(p) * 0.05)
+    x = batch((2, 1, 3))
+    meta = {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls", "data_fingerprint": "f"}
+    save_checkpoint(tmp_path / "c.safetensors", palt, meta)
+    back, back_meta, _ = load_checkpoint(tmp_path / "c.safetensors")
+    with torch.no_grad():
+        assert torch.equal(back.eval()(**x), palt(**x))
+    assert back_meta["data"] == "umls" and back_meta["palt"]["prompts"] == [2, 1, 3]
+    size = (tmp_path / "c.safetensors").stat().st_size
+    assert size < 4 * (6 * 32 + 3 * (32 * 32 + 32)) + 4096  # trainable tensors only, not the frozen BERT
+    other = make_bert_dir(tmp_path / "other", WORDS, layers=4, seed=1)
+    with pytest.raises(CheckpointError, match="wrong base model"):
+        load_checkpoint(tmp_path / "c.safetensors", model=other)
+    (tmp_path / "bad.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
+    with pytest.raises(CheckpointError, match="not a PALT checkpoint"):
+        load_checkpoint(tmp_path / "bad.safetensors")

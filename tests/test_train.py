@@ -1,0 +1,105 @@
+"""train.py: training lowers the loss, frozen tensors stay frozen, DDP equals one process, --resume replays exactly."""
+import os, subprocess, sys
+from pathlib import Path
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train
+from bert import load_bert
+from conftest import make_bert_dir, write_tiny_kg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    words = write_tiny_kg(root / "data", "umls")
+    write_tiny_kg(root / "data", "WN11")
+    return root, make_bert_dir(root / "bert", words, layers=2), make_bert_dir(root / "headless", words, nsp=False)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
+
+
+def args(setup, out, *extra, data="umls"):
+    root, base, _ = setup
+    return ["--data", data, "--model", str(base), "--data-dir", str(root / "data"), "--out", str(out),
+            "--prompts", "2,1,1", "--negatives", "1,1,1", "--batch", "6", "--lr", "3e-3", "--log-every", "1", *extra]
+
+
+def losses(out):
+    return [float(line.split(" loss ")[1].split()[0]) for line in (out / "log.txt").read_text().splitlines()]
+
+
+def test_training_lowers_loss_and_leaves_bert_untouched(setup, tmp_path, capsys):
+    model = train.main(train.parse_args(args(setup, tmp_path, "--epochs", "6")))
+    first, last = losses(tmp_path)[0], losses(tmp_path)[-1]
+    assert last < first - 0.05, (first, last)
+    fresh = load_bert(setup[1]).model.state_dict()
+    for name, t in model.bert.state_dict().items():
+        assert torch.equal(t, fresh[name]), name  # bit-identical: frozen means frozen
+    ckpt = load_file(tmp_path / "ckpt.safetensors")
+    assert set(ckpt) == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert not any(n.startswith("bert.") for n in ckpt)
+    assert "dev ranking estimate" in capsys.readouterr().out
+
+
+def test_finetune_trains_every_parameter_and_tc_reports_dev_accuracy(setup, tmp_path, capsys):
+    fresh = load_bert(setup[1]).model.state_dict()
+    model = train.main(train.parse_args(args(setup, tmp_path, "--epochs", "1", "--finetune", data="wn11")))
+    changed = {n for n, t in model.bert.state_dict().items() if not torch.equal(t, fresh[n])}
+    assert changed == set(fresh)  # every tensor of the LM moved (KG-BERT style)
+    assert "dev accuracy" in capsys.readouterr().out
+
+
+def test_a_headless_checkpoint_trains_its_new_heads(setup, tmp_path):
+    root, _, headless = setup
+    a = args(setup, tmp_path, "--epochs", "1")
+    a[a.index("--model") + 1] = str(headless)
+    model = train.main(train.parse_args(a))
+    assert {"bert.pooler.weight", "bert.nsp.weight"} <= set(load_file(tmp_path / "ckpt.safetensors"))
+    assert model.bert.nsp.weight.requires_grad and not model.bert.layers[0].q.weight.requires_grad
+
+
+def run(cmd, **env):
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | env, timeout=300)
+    return r
+
+
+def test_two_process_ddp_equals_one_process(setup, tmp_path):
+    one = run([sys.executable, "train.py", *args(setup, tmp_path / "one", "--epochs", "2")])
+    assert one.returncode == 0, one.stderr
+    two = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+               "train.py", *args(setup, tmp_path / "two", "--epochs", "2")], OMP_NUM_THREADS="1")
+    assert two.returncode == 0, two.stderr
+    assert "ranks agree: max |difference| of trainable tensors over 2 ranks = 0" in two.stdout
+    a, b = load_file(tmp_path / "one" / "ckpt.safetensors"), load_file(tmp_path / "two" / "ckpt.safetensors")
+    assert set(a) == set(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+
+
+def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
+    straight = run([sys.executable, "train.py", *args(setup, tmp_path / "straight", "--epochs", "3")])
+    assert straight.returncode == 0, straight.stderr
+    steps_per_epoch = len(list((setup[0] / "data" / "umls" / "train.tsv").read_text().splitlines())) // 6
+    crash = run([sys.executable, "train.py", *args(setup, tmp_path / "crash", "--epochs", "3")],
+                PALT_TEST_CRASH_AT_STEP=str(steps_per_epoch + 3))  # killed in the middle of epoch 2
+    assert crash.returncode == 3
+    resumed = run([sys.executable, "train.py", *args(setup, tmp_path / "crash", "--epochs", "3", "--resume")])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout and "epoch 1, step" in resumed.stdout
+    a, b = load_file(tmp_path / "straight" / "ckpt.safetensors"), load_file(tmp_path / "crash" / "ckpt.safetensors")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_bad_input_is_one_line(setup, tmp_path):
+    r = run([sys.executable, "train.py", *args(setup, tmp_path, "--calib", "7")])
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "calibration layers (7,)" in r.stderr
+    r = run([sys.executable, "train.py", *args(setup, tmp_path, data="fb13")])
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "FB13" in r.stderr
