@@ -123,8 +123,10 @@ class Bert(nn.Module):
         self.nsp = nn.Linear(config.hidden_size, 2)
 
     def head(self, h):
-        pooled = torch.tanh(self.pooler(h[:, 0]))  # the [CLS] token
-        return self.nsp(pooled), pooled
+        # fp32 even under bf16 autocast: bf16 logits (3 significant digits) would turn close scores into ties
+        with torch.autocast(h.device.type, enabled=False):
+            pooled = torch.tanh(self.pooler(h[:, 0].float()))  # the [CLS] token
+            return self.nsp(pooled), pooled
 
     def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, inputs_embeds=None,
                 output_hidden_states=False):

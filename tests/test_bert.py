@@ -295,3 +295,12 @@ def test_download_offline_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
     with pytest.raises(CheckpointError, match=r"cannot download .* into .*bert-base-uncased/"):
         load_bert("bert-base-uncased")
+
+
+def test_nsp_head_runs_in_fp32_under_bf16_autocast(hf_model, tmp_path):
+    """bf16 logits keep 3 significant digits: ranking thousands of candidates on them would manufacture ties."""
+    model, _ = load_weights(save_layout(hf_model, tmp_path / "m", False))
+    ids, types, mask = padded_batch()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.eval()(ids, types, mask)
+    assert out.nsp_logits.dtype == out.pooled.dtype == torch.float32
