@@ -1,0 +1,556 @@
+"""Evaluate PALT: triple classification, and fast, honest filtered link prediction.
+
+    python evaluate.py --tc --data wn11 --ckpt runs/wn11/ckpt.safetensors [--per-relation]
+    python evaluate.py --lp --data umls --ckpt runs/umls/ckpt.safetensors [--limit 200] [--raw]
+    python evaluate.py --predict --data fb15k-237 --ckpt PATH "Charlie Chaplin" profession [--reverse]
+    python evaluate.py --lp --data umls --model bert-base-uncased        (zero-shot: a pretrained NSP head)
+    torchrun --nproc_per_node 8 evaluate.py --lp ...                     (queries split over the ranks)
+
+A triple's score is the NSP logit margin logits[:,0] - logits[:,1] in fp32 (class 0 = "is next" = true): a
+softmax probability saturates at 1.0 and turns distinct scores into ties. The ties that remain are counted
+honestly: a true answer tied with k others has optimistic rank r, pessimistic rank r + k, and realistic rank
+r + k/2, the expected rank under random tie-breaking (as PyKEEN reports). Reported metrics use realistic
+filtered ranks; the JSON also has the optimistic, pessimistic and raw ones, so that the tie bias is visible.
+Ends with one markdown row:  --lp  | data | model | ckpt | MR | MRR | H@1 | H@3 | H@10 |
+                             --tc  | data | model | ckpt | dev acc | test acc |
+"""
+import argparse, hashlib, json, os, sys, time
+from dataclasses import dataclass
+from pathlib import Path
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import bert
+import data
+import palt
+
+KS = (1, 3, 10)  # Hits@k
+ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False, finetune=False)
+
+# ----------------------------------------------------------------------------- ranks, metrics, thresholds
+
+
+def query_ranks(scores, row, target, known=None):
+    """Optimistic and pessimistic rank (n,) of candidate target[i] in the score row scores[row[i]] (K, C), for all
+    n test triples of K queries in one op. known (K, C) bool marks each query's known true answers: they are left
+    out of the ranking (filtered setting) except the target itself; None ranks among all candidates (raw).
+    optimistic = 1 + #(better), pessimistic = #(better or tied), the target included."""
+    s = scores[row]  # (n, C)
+    i = torch.arange(len(row), device=s.device)
+    t = s[i, target][:, None]
+    keep = torch.ones_like(s, dtype=torch.bool) if known is None else ~known[row]
+    keep[i, target] = True
+    return 1 + ((s > t) & keep).sum(1), ((s >= t) & keep).sum(1)
+
+
+def harmonic(n):
+    """H_n = 1 + 1/2 + ... + 1/n for float64 arrays of n >= 0 (digamma(n + 1) + Euler's gamma)."""
+    return torch.special.digamma(torch.from_numpy(n + 1.0)).numpy() + np.euler_gamma
+
+
+def rank_metrics(optimistic, pessimistic):
+    """MR, MRR, Hits@k of the optimistic, pessimistic and realistic ranks, and "expected": each metric's exact
+    expectation when the rank is uniform on optimistic..pessimistic (random tie-breaking). The MRR and Hits of
+    the realistic (mean) rank differ from those expectations when there are ties; MR is the same."""
+    o, p = np.asarray(optimistic, np.float64), np.asarray(pessimistic, np.float64)
+    out = {}
+    for kind, r in (("optimistic", o), ("pessimistic", p), ("realistic", (o + p) / 2)):
+        out[kind] = {"mr": r.mean(), "mrr": (1 / r).mean(), **{f"hits@{k}": (r <= k).mean() for k in KS}}
+    n = p - o + 1  # the tied group's size
+    out["expected"] = {"mr": ((o + p) / 2).mean(), "mrr": ((harmonic(p) - harmonic(o - 1)) / n).mean(),
+                       **{f"hits@{k}": (np.clip(k - o + 1, 0, n) / n).mean() for k in KS}}
+    return {kind: {m: float(v) for m, v in d.items()} for kind, d in out.items()}
+
+
+def lp_metrics(rows):
+    """rows (n, 6): test triple, side (0 = head is ranked), filtered optimistic, pessimistic, raw optimistic,
+    pessimistic -> {"filtered"|"raw": {"head"|"tail"|"both": rank_metrics}}."""
+    sides = {"head": rows[:, 1] == 0, "tail": rows[:, 1] == 1, "both": np.ones(len(rows), bool)}
+    return {setting: {side: rank_metrics(rows[m, c], rows[m, c + 1]) for side, m in sides.items()}
+            for setting, c in (("filtered", 2), ("raw", 4))}
+
+
+def best_threshold(scores, labels):
+    """(θ, accuracy) of the best rule "true iff score > θ" on (scores, labels), by exact search: the candidates
+    are -inf, the midpoints between consecutive distinct scores and +inf; after one sort, cumulative counts give
+    every candidate's accuracy in O(n). Of equally good thresholds the lowest is taken."""
+    scores, labels = np.asarray(scores, np.float64), np.asarray(labels, bool)
+    v, inverse = np.unique(scores, return_inverse=True)  # sorted distinct scores
+    pos = np.bincount(inverse, weights=labels, minlength=len(v))
+    neg = np.bincount(inverse, weights=~labels, minlength=len(v))
+    # candidate j (0..m) lies just below v[j]: negatives under it are right, positives from v[j] up are right
+    correct = np.concatenate([[0], np.cumsum(neg)]) + labels.sum() - np.concatenate([[0], np.cumsum(pos)])
+    j = int(np.argmax(correct))
+    theta = -np.inf if j == 0 else np.inf if j == len(v) else (v[j - 1] + v[j]) / 2
+    return float(theta), float(correct[j] / len(scores))
+
+# ----------------------------------------------------------------------------- scoring
+
+
+class Scorer:
+    """Scores (N, 3) triples with a PALT model: sorted by length, longest first, and cut into batches of rows of
+    (almost) equal length, at most `tokens` padded tokens each; inference mode, bf16 autocast on GPU."""
+
+    def __init__(self, model, enc, prompts, max_seq_length, tokens, device):
+        self.model, self.enc, self.prompts, self.max_seq_length = model.eval(), enc, tuple(prompts), max_seq_length
+        self.tokens, self.device = tokens, torch.device(device)
+        self.n_tokens = self.n_padded = 0  # real and padded tokens scored: the padding overhead
+
+    def to_device(self, t):
+        # from pinned memory the copy is asynchronous: the CPU builds the next batch while the GPU runs this one
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+
+    @torch.inference_mode()
+    def __call__(self, triples):
+        triples = np.asarray(triples, np.int64).reshape(-1, 3)
+        lengths = data.seq_lengths(self.enc, triples, self.prompts, self.max_seq_length)
+        order = np.argsort(-lengths, kind="stable")
+        descending = lengths[order]
+        ascending_neg = -descending  # for searchsorted
+        out = torch.empty(len(triples), dtype=torch.float32, device=self.device)
+        i = 0
+        while i < len(order):
+            # a batch takes rows no shorter than 15/16 of its first (longest) row, up to the token budget
+            w = int(descending[i])
+            end = min(i + max(1, self.tokens // w), int(np.searchsorted(ascending_neg, w // 16 - w, side="right")))
+            idx = order[i:end]
+            batch = {k: self.to_device(v) for k, v in
+                     data.build_batch(self.enc, triples[idx], self.prompts, self.max_seq_length).items()}
+            with torch.autocast(self.device.type, torch.bfloat16, enabled=self.device.type == "cuda"):
+                logits = self.model(**batch)
+            out[self.to_device(torch.from_numpy(idx))] = palt.score(logits)
+            self.n_tokens, self.n_padded = self.n_tokens + int(lengths[idx].sum()), self.n_padded + batch["input_ids"].numel()
+            i += len(idx)
+        return out
+
+
+class Progress:
+    """One line on stderr: done/total, rate, ETA; redrawn in place on a terminal, a new line a minute in logs."""
+
+    def __init__(self, total, unit, enabled=True):
+        self.total, self.unit, self.enabled, self.done = total, unit, enabled, 0
+        self.t0 = self.shown = time.time()
+        self.shown_done = -1
+        self.tty = sys.stderr.isatty()
+
+    def update(self, n, force=False):
+        self.done += n
+        now = time.time()
+        if self.enabled and self.done != self.shown_done and (force or now - self.shown > (0.5 if self.tty else 60)):
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = int((self.total - self.done) / rate) if rate > 0 else 0
+            print(("\r" if self.tty else "") + f"{self.done:,}/{self.total:,} {self.unit} ({rate:,.1f}/s, "
+                  f"ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d})", end="" if self.tty else "\n",
+                  file=sys.stderr, flush=True)
+            self.shown, self.shown_done = now, self.done
+
+    def close(self):
+        self.update(0, force=True)
+        if self.enabled and self.tty:
+            print(file=sys.stderr)
+
+# ----------------------------------------------------------------------------- link prediction
+
+
+def rank_queries(score, lpq, tri, queries, block, skip=None):
+    """Rank the test triples `tri` (indices into lpq.triple_query) for the given queries, `block` queries at a
+    time: each query's candidate triples are scored once, into a (block, C) tensor shared by every test triple
+    that asks the query. Blocks whose queries are all in `skip` (bool (Q,)) are passed over. Yields per block
+    (its queries, rows (n, 6): test triple, side, filtered optimistic/pessimistic, raw optimistic/pessimistic)."""
+    pair_tri, pair_side = np.repeat(tri, 2), np.tile([0, 1], len(tri))
+    pair_query, pair_target = lpq.triple_query[pair_tri, pair_side], lpq.target[pair_tri, pair_side]
+    cand, row_of = lpq.candidates, np.full(len(lpq.queries), -1)
+    for start in range(0, len(queries), block):
+        qs = queries[start:start + block]
+        if skip is not None and skip[qs].all():
+            continue
+        side, r, e = (np.broadcast_to(x[:, None], (len(qs), len(cand))) for x in lpq.queries[qs].T)
+        c = np.broadcast_to(cand, side.shape)
+        # side 0 asks (?, r, e): candidates are heads; side 1 asks (e, r, ?): candidates are tails
+        triples = np.stack([np.where(side == 0, c, e), r, np.where(side == 0, e, c)], -1).reshape(-1, 3)
+        scores = score(triples).view(len(qs), len(cand))
+        if not torch.isfinite(scores).all():
+            raise SystemExit("error: the model gives non-finite scores (NaN/inf); no ranks computed")
+        # each query's known answers, from the CSR lists, as a (K, C) mask
+        lo, n = lpq.filter_ptr[qs], lpq.filter_ptr[qs + 1] - lpq.filter_ptr[qs]
+        known = torch.zeros(scores.shape, dtype=torch.bool)
+        k = torch.from_numpy(np.repeat(np.arange(len(qs)), n))
+        known[k, torch.from_numpy(lpq.filter_pos[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())])] = True
+        row_of[qs] = np.arange(len(qs))
+        sel = np.nonzero(row_of[pair_query] >= 0)[0]
+        row = torch.from_numpy(row_of[pair_query[sel]]).to(scores.device)
+        row_of[qs] = -1
+        target = torch.from_numpy(pair_target[sel]).to(scores.device)
+        filtered = query_ranks(scores, row, target, known.to(scores.device))
+        raw = query_ranks(scores, row, target)
+        ranks = torch.stack([*filtered, *raw], 1).cpu().numpy()
+        yield qs, np.concatenate([np.stack([pair_tri[sel], pair_side[sel]], 1), ranks], 1)
+
+
+class State:
+    """Finished rows of one evaluation, one .npz per rank, replaced atomically: a run killed at any point
+    restarts from its last save. `prior` holds what every rank of earlier runs saved under the same key."""
+
+    def __init__(self, folder, key, rank):
+        self.folder, self.key, self.path = Path(folder), key, Path(folder) / f"{key}-rank{rank}.npz"
+        read = lambda f: np.load(f, allow_pickle=False)["rows"]
+        self.prior = np.concatenate([np.zeros((0, 6), np.int64)] + [read(f) for f in self.files()])
+        self.mine = [read(self.path)] if self.path.exists() else []
+        self.new = []
+
+    def files(self):
+        return sorted(self.folder.glob(f"{self.key}-rank*.npz"))
+
+    def add(self, rows):
+        self.mine.append(rows)
+        self.new.append(rows)
+
+    def save(self):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, rows=np.concatenate(self.mine or [np.zeros((0, 6), np.int64)]))
+        os.replace(tmp, self.path)
+
+
+def default_tokens(device):
+    return 1 << 18 if torch.device(device).type == "cuda" else 1 << 14
+
+
+def select(T, limit, seed):
+    """All T test triples, or a seeded random `limit` of them (sorted)."""
+    return np.arange(T) if not limit or limit >= T else np.sort(np.random.default_rng(seed).choice(T, limit, replace=False))
+
+
+def score_triples(model, enc, triples, prompts, max_seq_length, device, tokens=None):
+    """Scores (N,) float32 numpy of triples: for train.py's dev report."""
+    return Scorer(model, enc, prompts, max_seq_length, tokens or default_tokens(device), device)(triples).cpu().numpy()
+
+
+def rank_split(model, kg, enc, split, prompts, max_seq_length, device, limit=None, seed=0, tokens=None):
+    """Filtered realistic mr, mrr, hits@k over both sides of a split (or a seeded random `limit` of its triples),
+    in one process: for train.py's dev report."""
+    lpq = data.lp_queries(kg, split)
+    tri = select(len(lpq.target), limit, seed)
+    scorer = Scorer(model, enc, prompts, max_seq_length, tokens or default_tokens(device), device)
+    block = max(1, (1 << 16) // len(lpq.candidates))
+    rows = [r for _, r in rank_queries(scorer, lpq, tri, np.unique(lpq.triple_query[tri]), block)]
+    return lp_metrics(np.concatenate(rows))["filtered"]["both"]["realistic"]
+
+
+def link_prediction(run, scorer, kg, info, out, rank, world):
+    """Filtered ranks of every (or --limit seeded random) test triple, as head and as tail; sharded, resumable."""
+    lpq = data.lp_queries(kg, run.split, run.candidates)
+    T, C = len(lpq.target), len(lpq.candidates)
+    tri = select(T, run.limit, run.seed)
+    needed = np.unique(lpq.triple_query[tri])
+    mine = needed[rank::world]  # round robin: every rank gets head and tail queries alike
+    key = hashlib.sha256(json.dumps([info["identity"], kg.name, kg.fingerprint, info["text"], info["prompts"],
+                                     info["max_seq_length"], run.split, run.candidates, run.limit, run.seed]).encode())
+    state = State(out.with_suffix(".state"), key.hexdigest()[:16], rank)
+    if dist.is_initialized():
+        dist.barrier()  # every rank has read the old state before any rank writes
+    done = np.zeros(len(lpq.queries), bool)
+    done[lpq.triple_query[state.prior[:, 0], state.prior[:, 1]]] = True
+    progress = Progress(len(mine) - int(done[mine].sum()), "queries" + (f" on rank 0 of {world}" if world > 1 else ""),
+                        enabled=rank == 0)
+    saved, n_done = time.time(), 0
+    for qs, rows in rank_queries(scorer, lpq, tri, mine, max(1, run.block_rows // C), skip=done):
+        state.add(rows)
+        n_done += len(qs)
+        progress.update(len(qs))
+        stop = run.stop_after_queries is not None and n_done >= run.stop_after_queries
+        if stop or time.time() - saved >= run.save_every:
+            state.save()
+            saved = time.time()
+        if stop:
+            raise SystemExit(f"stopped after {n_done} queries; the same command resumes from {state.folder}")
+    state.save()
+    progress.close()
+    new = np.concatenate(state.new or [np.zeros((0, 6), np.int64)])
+    mine_rows = np.concatenate([state.prior, new]) if rank == 0 else new  # rank 0 brings what earlier runs saved
+    rows = gather_rows(torch.from_numpy(mine_rows).to(scorer.device)).cpu().numpy()
+    _, first = np.unique(rows[:, 0] * 2 + rows[:, 1], return_index=True)
+    rows = rows[first]
+    if len(rows) != 2 * len(tri):
+        raise SystemExit(f"error: {len(rows)} of {2 * len(tri)} ranks found; remove {state.folder} and run again")
+    if rank == 0:  # finished: the saved state has served its purpose
+        for f in state.files():
+            f.unlink()
+    estimate = len(tri) < T
+    counts = dict(test_triples=T, ranked_triples=len(tri), queries=len(needed), candidates=C,
+                  scored_triples=len(needed) * C, resumed_queries=int(done[needed].sum()))
+    return dict(task="lp", split=run.split, estimate=estimate, counts=counts, metrics=lp_metrics(rows),
+                note=f"estimate ({len(tri)} of {T} test triples)" if estimate else f"all {T} test triples")
+
+
+def print_lp(result, raw):
+    c, m = result["counts"], result["metrics"]
+    print(f"{result['data']} {result['split']}: {result['note']}, {c['candidates']:,} candidates, "
+          f"{c['queries']:,} queries, {c['scored_triples']:,} triples scored "
+          f"({result['settings']['padded_per_real_token']:.2f} padded tokens per real one)")
+    for setting in ("filtered", "raw") if raw else ("filtered",):
+        print(f"{setting + ', realistic ranks':26} {'MR':>8} {'MRR':>7} " + " ".join(f"{f'H@{k}':>7}" for k in KS))
+        for side in ("head", "tail", "both"):
+            r = m[setting][side]["realistic"]
+            print(f"  {side:24} {r['mr']:8.2f} {r['mrr']:7.4f} " + " ".join(f"{r[f'hits@{k}']:7.4f}" for k in KS))
+    b = m["filtered"]["both"]
+    print("ties: MRR optimistic {:.4f}, realistic {:.4f}, pessimistic {:.4f}, expected {:.4f}".format(
+        *(b[k]["mrr"] for k in ("optimistic", "realistic", "pessimistic", "expected"))))
+
+
+# ----------------------------------------------------------------------------- triple classification
+
+
+def score_all(scorer, triples, block_rows, rank, world, progress):
+    """Scores (N,) float64 of all triples; each rank scores every world-th one, then all are gathered."""
+    idx = np.arange(len(triples))[rank::world]
+    parts = [torch.zeros(0, device=scorer.device)]
+    for i in range(0, len(idx), block_rows):
+        parts.append(scorer(triples[idx[i:i + block_rows]]))
+        progress.update(len(parts[-1]))
+    s = torch.cat(parts).double()
+    both = gather_rows(torch.stack([torch.from_numpy(idx).to(s), s], 1)).cpu().numpy()
+    out = np.empty(len(triples))
+    out[both[:, 0].astype(np.int64)] = both[:, 1]
+    return out
+
+
+def triple_classification(run, scorer, kg, rank, world):
+    """Test accuracy with one threshold tuned on dev (or one per relation, falling back to the global one for
+    relations without dev triples), and the per-relation error rates of the test set."""
+    if kg.dev_labels is None:
+        raise SystemExit(f"error: {kg.name} has no labelled dev/test negatives; triple classification needs wn11 or fb13")
+    progress = Progress(len(kg.dev[rank::world]) + len(kg.test[rank::world]), "triples", enabled=rank == 0)
+    s = {split: score_all(scorer, getattr(kg, split), run.block_rows, rank, world, progress) for split in ("dev", "test")}
+    progress.close()
+    theta, _ = best_threshold(s["dev"], kg.dev_labels)
+    thresholds = np.full(len(kg.relations), theta)
+    if run.per_relation:
+        for r in np.unique(kg.dev[:, 1]):
+            m = kg.dev[:, 1] == r
+            thresholds[r] = best_threshold(s["dev"][m], kg.dev_labels[m])[0]
+    right = {split: (s[split] > thresholds[getattr(kg, split)[:, 1]]) == getattr(kg, f"{split}_labels")
+             for split in ("dev", "test")}
+    rel = kg.test[:, 1]
+    table = [dict(relation=kg.rel_text[r], n=int((rel == r).sum()), error=float(1 - right["test"][rel == r].mean()))
+             for r in np.unique(rel)]
+    jsonable = lambda x: x if np.isfinite(x) else str(x)  # JSON has no infinities
+    return dict(task="tc", estimate=False, counts=dict(dev=len(kg.dev), test=len(kg.test)),
+                metrics=dict(dev_accuracy=float(right["dev"].mean()), test_accuracy=float(right["test"].mean()),
+                             threshold=jsonable(theta), per_relation_thresholds=run.per_relation,
+                             relation_thresholds={kg.relations[r]: jsonable(float(thresholds[r]))
+                                                  for r in np.unique(kg.dev[:, 1])} if run.per_relation else None,
+                             test_error_by_relation=table))
+
+
+def print_tc(result):
+    m = result["metrics"]
+    how = "one threshold per relation" if m["per_relation_thresholds"] else f"threshold {m['threshold']}"
+    print(f"{result['data']}: dev accuracy {m['dev_accuracy']:.4f}, test accuracy {m['test_accuracy']:.4f} "
+          f"({how}, tuned on dev)")
+    print("| relation | n | error % |\n|---|---|---|")
+    for row in m["test_error_by_relation"]:
+        print(f"| {row['relation']} | {row['n']} | {100 * row['error']:.1f} |")
+
+# ----------------------------------------------------------------------------- predict
+
+
+def find(ids, texts, query, what):
+    """Index of the entity/relation with this id, else this text (any case), else the one id or text ending in it."""
+    q = query.lower()
+    for match in (lambda i, t: i == query, lambda i, t: t.lower() == q,
+                  lambda i, t: t.lower().endswith(" " + q) or i.lower().endswith("/" + q)):
+        hits = [k for k, (i, t) in enumerate(zip(ids, texts)) if match(i, t)]
+        if len(hits) == 1:
+            return hits[0]
+        if hits:
+            shown = ", ".join(f"{ids[k]} ({texts[k]})" for k in hits[:5])
+            raise SystemExit(f"error: {what} {query!r} is ambiguous: {shown}{' ...' if len(hits) > 5 else ''}; give the id")
+    raise SystemExit(f"error: no {what} {query!r} (by id or text)")
+
+
+def predict(run, scorer, kg):
+    """The top-k completions of (E, r, ?), or of (?, r, E) with --reverse, with their scores."""
+    e, r = find(kg.entities, kg.ent_text, run.query[0], "entity"), find(kg.relations, kg.rel_text, run.query[1], "relation")
+    cand = kg.split_entities if run.candidates == "split" else np.arange(len(kg.entities))
+    fixed = np.full(len(cand), e)
+    triples = np.stack([cand, np.full(len(cand), r), fixed] if run.reverse else [fixed, np.full(len(cand), r), cand], 1)
+    s = scorer(triples).cpu().numpy()
+    top = np.argsort(-s, kind="stable")[:run.topk]
+    known = kg.is_known(triples[top])
+    q = f"(?, {kg.rel_text[r]}, {kg.ent_text[e]})" if run.reverse else f"({kg.ent_text[e]}, {kg.rel_text[r]}, ?)"
+    print(f"{q} over {len(cand):,} candidates; score = NSP logit margin; * = a known fact (train/dev/test)")
+    for rank, i in enumerate(top, 1):
+        print(f"{rank:4} {s[i]:9.4f} {'*' if known[rank - 1] else ' '} {kg.entities[cand[i]]:24} {kg.ent_text[cand[i]]}")
+
+# ----------------------------------------------------------------------------- command line
+
+
+def init_distributed():
+    """(rank, world size, device): a process group under torchrun (nccl on GPU, gloo on CPU), else one process."""
+    cuda = torch.cuda.is_available()
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return 0, 1, torch.device("cuda" if cuda else "cpu")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size(), torch.device(f"cuda:{local}" if cuda else "cpu")
+
+
+def gather_rows(x):
+    """Every rank's (n_r, ...) tensor concatenated in rank order, n_r may differ: all_gather of padded tensors."""
+    if not dist.is_initialized():
+        return x
+    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([len(x)], device=x.device))
+    padded = x.new_zeros((max(1, int(max(sizes))), *x.shape[1:]))
+    padded[:len(x)] = x
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:int(n)] for p, n in zip(parts, sizes)])
+
+
+def load_model(run, device):
+    """(PALT model, tokenizer, info): from a checkpoint, or zero-shot from a base model with a pretrained NSP head."""
+    if run.ckpt:
+        if not Path(run.ckpt).is_file():
+            raise SystemExit(f"error: {run.ckpt}: no such checkpoint file")
+        model, meta, loaded = palt.load_checkpoint(run.ckpt)
+        if data.dataset(str(meta["data"]))[0] != data.dataset(run.data)[0]:
+            raise SystemExit(f"error: {run.ckpt} was trained on {meta['data']}, not {run.data}")
+        if run.text not in (None, meta["text"]):
+            raise SystemExit(f"error: {run.ckpt} was trained with --text {meta['text']}, not {run.text}")
+        st = Path(run.ckpt).stat()
+        info = dict(model=meta["model"], ckpt=str(run.ckpt), weights_sha256=meta.get("weights_sha256"),
+                    text=meta["text"], prompts=[int(p) for p in meta["prompts"]],
+                    max_seq_length=run.max_seq_length or int(meta["max_seq_length"]),
+                    data_fingerprint=meta.get("data_fingerprint"),
+                    identity=f"{Path(run.ckpt).resolve()}:{st.st_size}:{st.st_mtime_ns}")  # resume key: this very file
+    else:
+        model, loaded = palt.build_palt(run.model, palt.PaltConfig(**ZERO_SHOT))
+        if loaded.new_heads:
+            raise SystemExit(f"error: {run.model} has no pretrained NSP head, so zero-shot scores would be random; give --ckpt")
+        info = dict(model=run.model, ckpt=None, weights_sha256=loaded.weights_sha256, text=run.text or "name",
+                    prompts=[0, 0, 0], max_seq_length=run.max_seq_length or 192, data_fingerprint=None,
+                    identity=loaded.weights_sha256)
+    return model.to(device).eval(), loaded.tokenizer, info
+
+
+@dataclass(frozen=True)
+class Run:
+    task: str  # 'lp' | 'tc' | 'predict'
+    query: list  # --predict: ENTITY RELATION
+    data: str
+    data_dir: str | None
+    ckpt: str | None
+    model: str | None
+    out: str | None
+    split: str
+    candidates: str
+    limit: int | None
+    seed: int
+    raw: bool
+    per_relation: bool
+    topk: int
+    reverse: bool
+    tokens: int | None
+    block_rows: int
+    save_every: float
+    text: str | None
+    max_seq_length: int | None
+    stop_after_queries: int | None  # tests: stop (state saved) after this many queries, to check resuming
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    task = ap.add_mutually_exclusive_group(required=True)
+    task.add_argument("--tc", dest="task", action="store_const", const="tc", help="triple classification")
+    task.add_argument("--lp", dest="task", action="store_const", const="lp", help="filtered link prediction")
+    task.add_argument("--predict", dest="task", action="store_const", const="predict",
+                      help="top-k completions of ENTITY RELATION")
+    ap.add_argument("query", nargs="*", metavar="ENTITY RELATION", help="--predict: by id or by text")
+    ap.add_argument("--data", required=True, help=", ".join(data.DATASETS))
+    ap.add_argument("--data-dir", help="folder of the dataset folders (default $PALT_DATA, else ./data)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ckpt", help="a checkpoint written by train.py")
+    src.add_argument("--model", help="zero-shot: a base model with a pretrained NSP head (e.g. bert-base-uncased)")
+    ap.add_argument("--out", help="results JSON (default: beside the checkpoint, or results/)")
+    ap.add_argument("--split", default="test", choices=["test", "dev"], help="--lp: the split ranked")
+    ap.add_argument("--candidates", default="split", choices=["split", "all"],
+                    help="entities ranked: those in any split (standard), or every entity with text")
+    ap.add_argument("--limit", type=int, help="--lp: rank a seeded random subset of N test triples (an estimate)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--raw", action="store_true", help="--lp: print raw (unfiltered) ranks too (always in the JSON)")
+    ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation")
+    ap.add_argument("--topk", type=int, default=10)
+    ap.add_argument("--reverse", action="store_true", help="--predict: rank heads (?, r, E) instead of tails")
+    ap.add_argument("--tokens", type=int, help="padded tokens per batch (default 16384 on CPU, 262144 on GPU)")
+    ap.add_argument("--block-rows", type=int, default=1 << 16, help="candidate triples scored per block of queries")
+    ap.add_argument("--save-every", type=float, default=60, help="seconds between saves of finished queries")
+    ap.add_argument("--text", choices=["name", "long"], help="zero-shot: entity texts (default name); a checkpoint has its own")
+    ap.add_argument("--max-seq-length", type=int, help="default: the checkpoint's, else 192")
+    ap.add_argument("--stop-after-queries", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.task == "predict" and len(args.query) != 2:
+        ap.error("--predict needs ENTITY RELATION")
+    for name in ("limit", "topk", "tokens", "block_rows", "max_seq_length"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.task != "predict" and args.query:
+        ap.error(f"unexpected arguments {' '.join(args.query)} (only --predict takes ENTITY RELATION)")
+    return Run(**vars(args))
+
+
+def main(argv=None):
+    t0 = time.time()
+    run = parse_args(argv)
+    rank, world, device = init_distributed()
+    try:
+        model, tokenizer, info = load_model(run, device)
+        kg = data.load_kg(run.data, run.data_dir, text=info["text"])
+        if info["data_fingerprint"] not in (None, kg.fingerprint):
+            raise SystemExit(f"error: {run.ckpt} was trained on other {kg.name} files (fingerprint "
+                             f"{info['data_fingerprint']}, these are {kg.fingerprint})")
+        enc = data.encode(kg, tokenizer)
+        tokens = run.tokens or default_tokens(device)
+        scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], tokens, device)
+        if run.task == "predict":
+            return predict(run, scorer, kg) if rank == 0 else None
+        tag = run.task + (f"-{run.split}" if run.task == "lp" else "") + (f"-limit{run.limit}-seed{run.seed}" if run.limit else "")
+        out = Path(run.out) if run.out else (Path(run.ckpt).parent / f"eval-{kg.name}-{tag}.json" if run.ckpt
+                                             else Path("results") / f"{kg.name}-zeroshot-{Path(run.model).name}-{tag}.json")
+        result = (link_prediction(run, scorer, kg, info, out, rank, world) if run.task == "lp"
+                  else triple_classification(run, scorer, kg, rank, world))
+        if rank != 0:
+            return
+        result = dict(data=kg.name, model=info["model"], ckpt=info["ckpt"], weights_sha256=info["weights_sha256"],
+                      data_fingerprint=kg.fingerprint, **result, wall_s=round(time.time() - t0, 2),
+                      settings=dict(text=info["text"], prompts=info["prompts"], max_seq_length=info["max_seq_length"],
+                                    candidates=run.candidates, limit=run.limit, seed=run.seed, tokens=tokens,
+                                    world_size=world, device=str(device), dtype="bf16" if device.type == "cuda" else "fp32",
+                                    padded_per_real_token=round(scorer.n_padded / max(1, scorer.n_tokens), 4)))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        row = [kg.name + (" (estimate)" if result["estimate"] else ""), info["model"], info["ckpt"] or "zero-shot"]
+        if run.task == "lp":
+            print_lp(result, run.raw)
+            r = result["metrics"]["filtered"]["both"]["realistic"]
+            row += [f"{r['mr']:.2f}", f"{r['mrr']:.4f}"] + [f"{r[f'hits@{k}']:.4f}" for k in KS]
+        else:
+            print_tc(result)
+            row += [f"{result['metrics']['dev_accuracy']:.4f}", f"{result['metrics']['test_accuracy']:.4f}"]
+        print(f"wrote {out} ({result['wall_s']:.1f} s)")
+        print("| " + " | ".join(row) + " |")
+    except (data.DataError, bert.CheckpointError) as e:
+        raise SystemExit(f"error: {e}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""evaluate.py: ranks with ties, filtered vs raw, the threshold search, resuming, 1 vs 2 torchrun processes, the CLI."""
+import itertools, json, os, signal, subprocess, sys
+from pathlib import Path
+import numpy as np
+import pytest
+import torch
+
+import data
+import evaluate
+from evaluate import best_threshold, query_ranks, rank_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ----------------------------------------------------------------------------- ranks and metrics
+
+
+def brute_ranks(scores, target, known):
+    """The target's rank in every ordering of the kept candidates that sorts them by score, ties in every order."""
+    kept = [c for c in range(len(scores)) if c == target or c not in known]
+    return [1 + sorted(perm, key=lambda c: -scores[c]).index(target) for perm in itertools.permutations(kept)]
+
+
+def test_ranks_with_ties_equal_every_tie_order_enumerated():
+    rng = np.random.default_rng(0)
+    K, C = 3, 6
+    scores = rng.integers(0, 3, size=(K, C)).astype(np.float32)  # 3 values over 6 candidates: many ties
+    known = rng.random((K, C)) < 0.3
+    row, target = np.repeat(np.arange(K), 4), rng.integers(0, C, size=4 * K)
+    o, p = query_ranks(torch.from_numpy(scores), torch.from_numpy(row), torch.from_numpy(target), torch.from_numpy(known))
+    brute = [brute_ranks(scores[q], t, set(np.nonzero(known[q])[0])) for q, t in zip(row, target)]
+    assert o.tolist() == [min(b) for b in brute] and p.tolist() == [max(b) for b in brute]
+    assert any(max(b) > min(b) for b in brute)  # the example has ties at the target
+    m = rank_metrics(o.numpy(), p.numpy())
+    mean = lambda f: np.mean([np.mean([f(r) for r in b]) for b in brute])  # over triples of the mean over tie orders
+    assert m["expected"]["mr"] == pytest.approx(mean(lambda r: r))
+    assert m["expected"]["mrr"] == pytest.approx(mean(lambda r: 1 / r))
+    for k in (1, 3, 10):
+        assert m["expected"][f"hits@{k}"] == pytest.approx(mean(lambda r: r <= k))
+    realistic = [np.mean(b) for b in brute]  # the expected rank
+    assert m["realistic"]["mr"] == pytest.approx(np.mean(realistic))
+    assert m["realistic"]["mrr"] == pytest.approx(np.mean([1 / r for r in realistic]))
+    assert m["realistic"]["hits@1"] == pytest.approx(np.mean([r <= 1 for r in realistic]))
+    assert m["optimistic"]["mrr"] == pytest.approx(np.mean([1 / min(b) for b in brute]))
+    assert m["pessimistic"]["hits@3"] == pytest.approx(np.mean([max(b) <= 3 for b in brute]))
+
+
+def test_hand_made_ranks_filtered_and_raw():
+    # candidate 1 is the answer; 2 ties with it but is a known fact; 4 ties with it and is not known
+    s = torch.tensor([[3.0, 5.0, 5.0, 1.0, 5.0, 6.0]])
+    known = torch.tensor([[False, True, True, False, False, True]])  # 5 beats it, but is known too
+    row, target = torch.tensor([0]), torch.tensor([1])
+    assert [x.item() for x in query_ranks(s, row, target, known)] == [1, 2]
+    assert [x.item() for x in query_ranks(s, row, target)] == [2, 4]
+    m = rank_metrics([1, 2], [2, 4])
+    assert m["realistic"] == pytest.approx({"mr": 2.25, "mrr": (1 / 1.5 + 1 / 3) / 2, "hits@1": 0.0, "hits@3": 1.0, "hits@10": 1.0})
+    assert m["optimistic"]["hits@1"] == 0.5 and m["pessimistic"]["mr"] == 3
+    assert m["expected"]["hits@1"] == pytest.approx((1 / 2 + 0) / 2)
+    assert m["expected"]["mrr"] == pytest.approx(((1 + 1 / 2) / 2 + (1 / 2 + 1 / 3 + 1 / 4) / 3) / 2)
+
+# ----------------------------------------------------------------------------- threshold search
+
+
+def test_threshold_toy_examples():
+    assert best_threshold([0.1, 0.4, 0.35, 0.8], [False, True, False, True]) == (pytest.approx(0.375), 1.0)
+    assert best_threshold([1.0, 2.0, 3.0], [True, False, True]) == (-np.inf, pytest.approx(2 / 3))  # lowest of the best
+    assert best_threshold([1.0, 1.0, 2.0], [False, False, False]) == (np.inf, 1.0)
+
+
+def test_threshold_equals_brute_force_over_all_thresholds():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        s = rng.integers(0, 8, size=30).astype(float)  # ties
+        y = rng.random(30) < 1 / (1 + np.exp(-(s - 4 + rng.normal(0, 2, 30))))
+        theta, acc = best_threshold(s, y)
+        brute = max(np.mean((s > t) == y) for t in [-np.inf, *np.arange(-0.5, 8.5)])  # every split of integer scores
+        assert acc == pytest.approx(brute) and np.mean((s > theta) == y) == pytest.approx(acc)
+
+# ----------------------------------------------------------------------------- a tiny graph on disk
+
+WORDS = ["apple", "river bank", "stone", "cloud of dust", "green", "music hall", "paper", "horse race track", "table", "light"]
+
+
+def write_kg(root, folder, train, dev, test, labels=None):
+    d = root / folder
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "entity2text.txt").write_text("".join(f"e{i}\t{w}\n" for i, w in enumerate(WORDS)))
+    (d / "relation2text.txt").write_text("r0\tpart of\nr1\tsimilar to\n")
+    (d / "entities.txt").write_text("".join(f"e{i}\n" for i in range(len(WORDS))))
+    (d / "relations.txt").write_text("r0\nr1\n")
+    line = lambda t: f"e{t[0]}\tr{t[1]}\te{t[2]}"
+    (d / "train.tsv").write_text("".join(line(t) + "\n" for t in train))
+    for name, rows, lab in (("dev", dev, labels and labels[0]), ("test", test, labels and labels[1])):
+        (d / f"{name}.tsv").write_text("".join(line(t) + (f"\t{1 if l else -1}" if lab else "") + "\n"
+                                               for t, l in zip(rows, lab or [None] * len(rows))))
+    return root
+
+
+TRAIN = [(0, 0, 1), (0, 0, 2), (3, 0, 1), (4, 1, 5), (5, 1, 6), (2, 1, 7), (8, 0, 9), (6, 0, 1), (7, 1, 4)]
+DEV = [(3, 0, 2), (9, 1, 8)]
+TEST = [(0, 0, 3), (4, 1, 6), (8, 0, 1), (3, 0, 9), (5, 1, 4), (0, 0, 9)]
+
+
+@pytest.fixture(scope="module")
+def lp_root(tmp_path_factory):
+    return write_kg(tmp_path_factory.mktemp("data"), "umls", TRAIN, DEV, TEST)
+
+
+def test_filtered_and_raw_ranks_on_a_graph_where_they_differ(lp_root):
+    kg = data.load_kg("umls", lp_root)
+    lpq = data.lp_queries(kg)
+    table = np.random.default_rng(2).integers(0, 4, size=(10, 2, 10)).astype(np.float32)  # score of (h, r, t), ties
+    score = lambda t: torch.from_numpy(table[t[:, 0], t[:, 1], t[:, 2]])
+    tri = np.arange(len(kg.test))
+    rows = np.concatenate([r for _, r in evaluate.rank_queries(score, lpq, tri, np.arange(len(lpq.queries)), block=3)])
+    # independent: from the entity names and the files' triples, with python sets
+    facts = {tuple(map(int, t)) for t in np.concatenate([kg.train, kg.dev, kg.test])}
+    cands = [int(c) for c in kg.split_entities]
+    got = {(int(r[0]), int(r[1])): tuple(r[2:]) for r in rows}
+    assert len(got) == 2 * len(TEST)
+    differ = 0
+    for i, (h, r, t) in enumerate(kg.test.tolist()):
+        for side, answer in ((0, h), (1, t)):
+            triple = lambda c: (c, r, t) if side == 0 else (h, r, c)
+            s = lambda c: table[triple(c)]
+            kept = [c for c in cands if c == answer or triple(c) not in facts]
+            want = (1 + sum(s(c) > s(answer) for c in kept), sum(s(c) >= s(answer) for c in kept),
+                    1 + sum(s(c) > s(answer) for c in cands), sum(s(c) >= s(answer) for c in cands))
+            assert got[i, side] == want
+            differ += want[:2] != want[2:]
+    assert differ >= 3  # the graph was chosen so that filtering matters
+
+# ----------------------------------------------------------------------------- the command line, end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A tiny random BERT with an NSP head (so zero-shot is allowed), in Hugging Face's layout, MiniLM's vocab."""
+    transformers = pytest.importorskip("transformers")
+    import bert
+    d = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37)
+    transformers.BertForNextSentencePrediction(cfg).save_pretrained(d)
+    (d / "vocab.txt").write_bytes((bert.resolve_model("minilm") / "vocab.txt").read_bytes())
+    (d / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    return d
+
+
+@pytest.fixture(autouse=True)
+def token_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))  # data.encode's cache stays out of ~/.cache
+
+
+def run_cli(*args):
+    """evaluate.main in this process; returns its results JSON (--out is among args)."""
+    evaluate.main([str(a) for a in args])
+    return json.loads(Path(args[args.index("--out") + 1]).read_text())
+
+
+def test_lp_zero_shot_resume_and_two_processes_give_the_same_metrics(lp_root, tiny_bert, tmp_path, capsys):
+    common = ["--lp", "--data", "umls", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 20, "--tokens", 64]
+    one = run_cli(*common, "--out", tmp_path / "one.json")
+    assert one["counts"] == dict(test_triples=6, ranked_triples=6, queries=10, candidates=10, scored_triples=100,
+                                 resumed_queries=0)  # the 12 sides of the 6 triples ask 10 distinct queries
+    assert one["metrics"]["filtered"]["both"]["realistic"]["mr"] <= one["metrics"]["raw"]["both"]["realistic"]["mr"]
+    assert "| umls | " in capsys.readouterr().out
+    # killed after 2 blocks of 2 queries; the rerun does the other 8 queries and ends with the same metrics
+    with pytest.raises(SystemExit, match="stopped after 4 queries"):
+        run_cli(*common, "--out", tmp_path / "two.json", "--save-every", 0, "--stop-after-queries", 3)
+    assert len(list((tmp_path / "two.state").glob("*.npz"))) == 1
+    capsys.readouterr()
+    two = run_cli(*common, "--out", tmp_path / "two.json")
+    assert two["counts"]["resumed_queries"] == 4 and two["metrics"] == one["metrics"]
+    assert "6/6 queries" in capsys.readouterr().err  # only the rest was scored
+    assert not list((tmp_path / "two.state").glob("*.npz"))  # done: the state is removed
+    # two torchrun processes (gloo), each ranks half of the queries
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "evaluate.py", *map(str, common), "--out", str(tmp_path / "ddp.json")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output = proc.communicate(timeout=120)[0]
+    finally:  # a hung run must not leave its workers behind
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-2000:]
+    ddp = json.loads((tmp_path / "ddp.json").read_text())
+    assert ddp["settings"]["world_size"] == 2 and ddp["metrics"] == one["metrics"]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_bert, lp_root, tmp_path_factory):
+    """A PALT with prompts and calibration (random, as if trained) saved as a umls checkpoint."""
+    import palt
+    torch.manual_seed(1)
+    model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(prompts=(2, 1, 1), calib_layers=(0,)))
+    with torch.no_grad():
+        model.calib["0"].weight.normal_(0, 0.3)  # W_c starts at zero; make it matter
+    kg = data.load_kg("umls", lp_root)
+    path = tmp_path_factory.mktemp("run") / "ckpt.safetensors"
+    palt.save_checkpoint(path, model, {"model": str(tiny_bert), "weights_sha256": loaded.weights_sha256, "data": "umls",
+                                       "data_fingerprint": kg.fingerprint, "text": "name", "prompts": [2, 1, 1],
+                                       "max_seq_length": 12})
+    return path, model.eval(), kg, data.encode(kg, loaded.tokenizer)
+
+
+def test_scorer_batches_give_each_triple_its_own_score(trained):
+    _, model, kg, enc = trained
+    triples = np.array([(h, r, t) for h in range(10) for r in range(2) for t in range(0, 10, 3)])
+    lengths = data.seq_lengths(enc, triples, (2, 1, 1), 12)
+    assert len(set(lengths)) > 1  # rows of several lengths, so sorting and padding are exercised
+    batched = evaluate.Scorer(model, enc, (2, 1, 1), 12, 40, "cpu")(triples)
+    alone = torch.cat([evaluate.Scorer(model, enc, (2, 1, 1), 12, 40, "cpu")(t[None]) for t in triples])
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
+
+
+def test_lp_from_a_checkpoint_matches_the_library_call(trained, lp_root, tmp_path, capsys):
+    path, model, kg, enc = trained
+    got = run_cli("--lp", "--data", "umls", "--data-dir", lp_root, "--ckpt", path, "--out", tmp_path / "r.json", "--raw")
+    assert got["settings"]["prompts"] == [2, 1, 1] and got["data_fingerprint"] == kg.fingerprint
+    want = evaluate.rank_split(model, kg, enc, "test", (2, 1, 1), 12, "cpu")
+    assert got["metrics"]["filtered"]["both"]["realistic"] == pytest.approx(want)
+    assert "raw, realistic ranks" in capsys.readouterr().out
+    # a limited run is labelled an estimate
+    est = run_cli("--lp", "--data", "umls", "--data-dir", lp_root, "--ckpt", path, "--out", tmp_path / "e.json", "--limit", 3)
+    assert est["estimate"] and est["counts"]["ranked_triples"] == 3 and "estimate (3 of 6" in est["note"]
+
+
+def test_bad_input_is_one_line(trained, lp_root, tiny_bert, tmp_path):
+    path, *_ = trained
+    root = write_kg(tmp_path / "d", "WN11", TRAIN, DEV, TEST, labels=([True, False], [True] * 3 + [False] * 3))
+    with pytest.raises(SystemExit, match="was trained on umls, not wn11"):
+        evaluate.main(["--tc", "--data", "wn11", "--data-dir", str(root), "--ckpt", str(path)])
+    with pytest.raises(SystemExit, match="no such checkpoint"):
+        evaluate.main(["--lp", "--data", "umls", "--data-dir", str(lp_root), "--ckpt", str(tmp_path / "nope")])
+    with pytest.raises(SystemExit, match="no entity 'durian'"):
+        evaluate.main(["--predict", "--data", "umls", "--data-dir", str(lp_root), "--ckpt", str(path), "durian", "r0"])
+    with pytest.raises(SystemExit, match="dataset folder"):
+        evaluate.main(["--lp", "--data", "umls", "--data-dir", str(tmp_path / "empty"), "--model", str(tiny_bert)])
+    import bert
+    with pytest.raises(SystemExit, match="no pretrained NSP head"):  # MiniLM: zero-shot would be random
+        evaluate.main(["--lp", "--data", "umls", "--data-dir", str(lp_root), "--model", str(bert.resolve_model("minilm"))])
+
+
+def test_predict_lists_the_top_completions(trained, lp_root, capsys):
+    path, model, kg, enc = trained
+    evaluate.main(["--predict", "--data", "umls", "--data-dir", str(lp_root), "--ckpt", str(path), "APPLE", "part of",
+                   "--topk", "4"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("(apple, part of, ?) over 10 candidates") and len(lines) == 5
+    s = evaluate.score_triples(model, enc, [(0, 0, t) for t in range(10)], (2, 1, 1), 12, "cpu")
+    top = [int(line.split()[-2][1:]) for line in lines[1:]]  # the entity id column: e<i>
+    assert top == list(np.argsort(-s, kind="stable")[:4])
+    assert all(("*" in line) == ((0, 0, t) in TRAIN + DEV + TEST) for line, t in zip(lines[1:], top))
+
+
+def test_triple_classification(tiny_bert, tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    dev, test = rng.integers(0, 10, size=(40, 3)) % [10, 2, 10], rng.integers(0, 10, size=(30, 3)) % [10, 2, 10]
+    labels = rng.random(40) < 0.5, rng.random(30) < 0.5
+    root = write_kg(tmp_path / "d", "WN11", TRAIN, dev.tolist(), test.tolist(), labels=(labels[0].tolist(), labels[1].tolist()))
+    common = ["--tc", "--data", "wn11", "--data-dir", root, "--model", tiny_bert]
+    got = run_cli(*common, "--out", tmp_path / "tc.json")["metrics"]
+    import palt
+    model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(**evaluate.ZERO_SHOT))
+    kg = data.load_kg("wn11", root)
+    enc = data.encode(kg, loaded.tokenizer)
+    s_dev, s_test = (evaluate.score_triples(model, enc, t, (0, 0, 0), 192, "cpu") for t in (kg.dev, kg.test))
+    theta, dev_acc = best_threshold(s_dev, kg.dev_labels)
+    assert got["dev_accuracy"] == pytest.approx(dev_acc) and got["threshold"] == pytest.approx(theta)
+    assert got["test_accuracy"] == pytest.approx(np.mean((s_test > theta) == kg.test_labels))
+    assert sum(r["n"] for r in got["test_error_by_relation"]) == 30
+    assert "| similar to |" in capsys.readouterr().out
+    per = run_cli(*common, "--out", tmp_path / "tc2.json", "--per-relation")["metrics"]
+    assert per["dev_accuracy"] >= got["dev_accuracy"]  # more thresholds fit dev at least as well
+    for r, rel in enumerate(["r0", "r1"]):
+        m = kg.dev[:, 1] == r
+        assert per["relation_thresholds"][rel] == pytest.approx(best_threshold(s_dev[m], kg.dev_labels[m])[0])
+
+
+def test_find_by_id_text_or_unique_ending():
+    ids = ["/people/person/profession", "/people/profession/specialization_of", "/film/film/genre", "/music/genre"]
+    texts = ["people person profession", "people profession specialization of", "film film genre", "music genre"]
+    assert evaluate.find(ids, texts, "/film/film/genre", "relation") == 2
+    assert evaluate.find(ids, texts, "People Person Profession", "relation") == 0
+    assert evaluate.find(ids, texts, "profession", "relation") == 0  # the only id or text that ends in it
+    with pytest.raises(SystemExit, match="'genre' is ambiguous: /film/film/genre .*, /music/genre"):
+        evaluate.find(ids, texts, "genre", "relation")
