@@ -3,9 +3,9 @@
   python train.py --data umls --model minilm --epochs 3
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 """
-import argparse, json, math, os, sys, time
+import argparse, json, os, time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from bert import CheckpointError
 from data import DataError, NegativeSampler, build_batch, dataset, encode, load_kg
-from palt import ConfigError, PaltConfig, build_palt, param_report, read_checkpoint, save_checkpoint, trainable_state
+from palt import ConfigError, PaltConfig, build_palt, param_report, read_checkpoint, save_checkpoint
 
 # The paper's appendix (BERT-base). batch = positives per optimizer step over all ranks, each with its negatives.
 # negatives = corruptions of (head, relation, tail) per positive. umls is not in the appendix: our choice.
@@ -165,6 +165,10 @@ def main(run):
     meta = {"model": run.model, "weights_sha256": loaded.weights_sha256, "data": kg.name, "data_fingerprint": kg.fingerprint,
             "text": run.text, "prompts": list(run.prompts), "max_seq_length": run.max_seq_length,
             "run": json.dumps(asdict(run)), "tunable": report["tunable"], "total": report["total"]}
+    if not run.resume and (out / "ckpt.safetensors").is_file():  # never overwrite a trained checkpoint
+        raise SystemExit(f"error: {out}/ckpt.safetensors exists: --resume to continue it, or choose another --out")
+    if run.resume and not (out / "state.safetensors").is_file():
+        print0(f"--resume: no checkpoint in {out} yet, starting from scratch")
     if run.resume and (out / "state.safetensors").is_file():
         tensors, ckpt_meta = read_checkpoint(out / "ckpt.safetensors")
         for k in ("weights_sha256", "data_fingerprint", "prompts", "max_seq_length"):

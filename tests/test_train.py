@@ -73,10 +73,10 @@ def run(cmd, **env):
 def test_two_process_ddp_equals_one_process(setup, tmp_path):
     one = run([sys.executable, "train.py", *args(setup, tmp_path / "one", "--epochs", "2")])
     assert one.returncode == 0, one.stderr
-    two = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    two = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "train.py", *args(setup, tmp_path / "two", "--epochs", "2")], OMP_NUM_THREADS="1")
     assert two.returncode == 0, two.stderr
-    assert "ranks agree: max |difference| of trainable tensors over 2 ranks = 0" in two.stdout
+    assert "ranks agree: max |difference| of trainable tensors over 2 ranks = 0\n" in two.stdout, two.stdout
     a, b = load_file(tmp_path / "one" / "ckpt.safetensors"), load_file(tmp_path / "two" / "ckpt.safetensors")
     assert set(a) == set(b)
     for k in a:
@@ -103,3 +103,12 @@ def test_bad_input_is_one_line(setup, tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr and "calibration layers (7,)" in r.stderr
     r = run([sys.executable, "train.py", *args(setup, tmp_path, data="fb13")])
     assert r.returncode != 0 and "Traceback" not in r.stderr and "FB13" in r.stderr
+
+
+def test_a_trained_checkpoint_is_never_overwritten(setup, tmp_path):
+    first = run([sys.executable, "train.py", *args(setup, tmp_path, "--epochs", "1")])
+    assert first.returncode == 0, first.stderr
+    before = (tmp_path / "ckpt.safetensors").read_bytes()
+    again = run([sys.executable, "train.py", *args(setup, tmp_path, "--epochs", "1")])
+    assert again.returncode != 0 and "exists: --resume to continue it" in again.stderr and "Traceback" not in again.stderr
+    assert (tmp_path / "ckpt.safetensors").read_bytes() == before
