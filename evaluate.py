@@ -278,6 +278,8 @@ def link_prediction(run, scorer, kg, info, out, rank, world):
     if rank == 0:  # finished: the saved state has served its purpose
         for f in state.files():
             f.unlink()
+        if not any(state.folder.iterdir()):  # other evaluations may share the folder
+            state.folder.rmdir()
     estimate = len(tri) < T
     counts = dict(test_triples=T, ranked_triples=len(tri), queries=len(needed), candidates=C,
                   scored_triples=len(needed) * C, resumed_queries=int(done[needed].sum()))
