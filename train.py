@@ -134,6 +134,9 @@ def main(run):
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()  # fp32 on CPU
     if run.batch % world:
         raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world} ranks")
+    out = Path(run.out)
+    if not run.resume and (out / "ckpt.safetensors").is_file():  # never overwrite a trained checkpoint; fail early
+        raise SystemExit(f"error: {out}/ckpt.safetensors exists: --resume to continue it, or choose another --out")
 
     # ----------------------------------------------------------------------------------------- data and model
     torch.manual_seed(run.seed)  # the same fresh heads on every rank
@@ -161,14 +164,10 @@ def main(run):
     per_rank = run.batch // world
     steps_per_epoch = len(sampler) // per_rank
     total = min(run.epochs * steps_per_epoch, run.max_steps or 10**18)
-    out, start_epoch, step = Path(run.out), 0, 0
+    start_epoch, step = 0, 0
     meta = {"model": run.model, "weights_sha256": loaded.weights_sha256, "data": kg.name, "data_fingerprint": kg.fingerprint,
             "text": run.text, "prompts": list(run.prompts), "max_seq_length": run.max_seq_length,
             "run": json.dumps(asdict(run)), "tunable": report["tunable"], "total": report["total"]}
-    if not run.resume and (out / "ckpt.safetensors").is_file():  # never overwrite a trained checkpoint
-        raise SystemExit(f"error: {out}/ckpt.safetensors exists: --resume to continue it, or choose another --out")
-    if run.resume and not (out / "state.safetensors").is_file():
-        print0(f"--resume: no checkpoint in {out} yet, starting from scratch")
     if run.resume and (out / "state.safetensors").is_file():
         tensors, ckpt_meta = read_checkpoint(out / "ckpt.safetensors")
         for k in ("weights_sha256", "data_fingerprint", "prompts", "max_seq_length"):
@@ -178,8 +177,11 @@ def main(run):
         state = load_state(out / "state.safetensors", opt, params)
         start_epoch, step = state["epoch"], state["step"]
         print0(f"resumed from {out}/ckpt.safetensors: epoch {start_epoch}, step {step}")
-    elif master_process:
-        out.mkdir(parents=True, exist_ok=True)
+    else:
+        if run.resume:
+            print0(f"--resume: no checkpoint in {out} yet, starting from scratch")
+        if master_process:
+            out.mkdir(parents=True, exist_ok=True)
     log = open(out / "log.txt", "a") if master_process else None
 
     # ---------------------------------------------------------------------------------------------- training
