@@ -90,11 +90,12 @@ def best_threshold(scores, labels):
 
 class Scorer:
     """Scores (N, 3) triples with a PALT model: sorted by length, longest first, and cut into batches of rows of
-    (almost) equal length, at most `tokens` padded tokens each; inference mode, bf16 autocast on GPU."""
+    (almost) equal length, at most `tokens` padded tokens each; inference mode, autocast in `dtype` (resolved
+    'fp32' or 'bf16'; the NSP head and the scores stay fp32)."""
 
-    def __init__(self, model, enc, prompts, max_seq_length, tokens, device):
+    def __init__(self, model, enc, prompts, max_seq_length, tokens, device, dtype="fp32"):
         self.model, self.enc, self.prompts, self.max_seq_length = model.eval(), enc, tuple(prompts), max_seq_length
-        self.tokens, self.device = tokens, torch.device(device)
+        self.tokens, self.device, self.dtype = tokens, torch.device(device), dtype
         self.n_tokens = self.n_padded = 0  # real and padded tokens scored: the padding overhead
 
     def to_device(self, t):
@@ -117,7 +118,7 @@ class Scorer:
             idx = order[i:end]
             batch = {k: self.to_device(v) for k, v in
                      data.build_batch(self.enc, triples[idx], self.prompts, self.max_seq_length).items()}
-            with torch.autocast(self.device.type, torch.bfloat16, enabled=self.device.type == "cuda"):
+            with bert.autocast(self.dtype, self.device):
                 logits = self.model(**batch)
             out[self.to_device(torch.from_numpy(idx))] = palt.score(logits)
             self.n_tokens, self.n_padded = self.n_tokens + int(lengths[idx].sum()), self.n_padded + batch["input_ids"].numel()
@@ -223,17 +224,17 @@ def select(T, limit, seed):
     return np.arange(T) if not limit or limit >= T else np.sort(np.random.default_rng(seed).choice(T, limit, replace=False))
 
 
-def score_triples(model, enc, triples, prompts, max_seq_length, device, tokens=None):
+def score_triples(model, enc, triples, prompts, max_seq_length, device, tokens=None, dtype="fp32"):
     """Scores (N,) float32 numpy of triples: for train.py's dev report."""
-    return Scorer(model, enc, prompts, max_seq_length, tokens or default_tokens(device), device)(triples).cpu().numpy()
+    return Scorer(model, enc, prompts, max_seq_length, tokens or default_tokens(device), device, dtype)(triples).cpu().numpy()
 
 
-def rank_split(model, kg, enc, split, prompts, max_seq_length, device, limit=None, seed=0, tokens=None):
+def rank_split(model, kg, enc, split, prompts, max_seq_length, device, limit=None, seed=0, tokens=None, dtype="fp32"):
     """Filtered realistic mr, mrr, hits@k over both sides of a split (or a seeded random `limit` of its triples),
     in one process: for train.py's dev report."""
     lpq = data.lp_queries(kg, split)
     tri = select(len(lpq.target), limit, seed)
-    scorer = Scorer(model, enc, prompts, max_seq_length, tokens or default_tokens(device), device)
+    scorer = Scorer(model, enc, prompts, max_seq_length, tokens or default_tokens(device), device, dtype)
     block = max(1, (1 << 16) // len(lpq.candidates))
     rows = [r for _, r in rank_queries(scorer, lpq, tri, np.unique(lpq.triple_query[tri]), block)]
     return lp_metrics(np.concatenate(rows))["filtered"]["both"]["realistic"]
@@ -247,7 +248,7 @@ def link_prediction(run, scorer, kg, info, out, rank, world):
     needed = np.unique(lpq.triple_query[tri])
     mine = needed[rank::world]  # round robin: every rank gets head and tail queries alike
     key = hashlib.sha256(json.dumps([info["identity"], kg.name, kg.fingerprint, info["text"], info["prompts"],
-                                     info["max_seq_length"], run.split, run.candidates, run.limit, run.seed]).encode())
+                                     info["max_seq_length"], run.split, run.candidates, run.limit, run.seed, scorer.dtype]).encode())
     state = State(out.with_suffix(".state"), key.hexdigest()[:16], rank)
     if dist.is_initialized():
         dist.barrier()  # every rank has read the old state before any rank writes
@@ -463,6 +464,7 @@ class Run:
     save_every: float
     text: str | None
     max_seq_length: int | None
+    dtype: str
     stop_after_queries: int | None  # tests: stop (state saved) after this many queries, to check resuming
 
 
@@ -495,6 +497,8 @@ def parse_args(argv=None):
     ap.add_argument("--save-every", type=float, default=60, help="seconds between saves of finished queries")
     ap.add_argument("--text", choices=["name", "long"], help="zero-shot: entity texts (default name); a checkpoint has its own")
     ap.add_argument("--max-seq-length", type=int, help="default: the checkpoint's, else 192")
+    ap.add_argument("--dtype", choices=bert.DTYPES, default="auto",
+                    help="autocast precision: auto = bf16 on GPU and on CPUs with native bf16 (AVX512_BF16/AMX), else fp32")
     ap.add_argument("--stop-after-queries", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.task == "predict" and len(args.query) != 2:
@@ -519,7 +523,8 @@ def main(argv=None):
                              f"{info['data_fingerprint']}, these are {kg.fingerprint})")
         enc = data.encode(kg, tokenizer)
         tokens = run.tokens or default_tokens(device)
-        scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], tokens, device)
+        dtype = bert.resolve_dtype(run.dtype, device)
+        scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], tokens, device, dtype)
         if run.task == "predict":
             return predict(run, scorer, kg) if rank == 0 else None
         tag = run.task + (f"-{run.split}" if run.task == "lp" else "") + (f"-limit{run.limit}-seed{run.seed}" if run.limit else "")
@@ -533,7 +538,7 @@ def main(argv=None):
                       data_fingerprint=kg.fingerprint, **result, wall_s=round(time.time() - t0, 2),
                       settings=dict(text=info["text"], prompts=info["prompts"], max_seq_length=info["max_seq_length"],
                                     candidates=run.candidates, limit=run.limit, seed=run.seed, tokens=tokens,
-                                    world_size=world, device=str(device), dtype="bf16" if device.type == "cuda" else "fp32",
+                                    world_size=world, device=str(device), dtype=dtype,
                                     padded_per_real_token=round(scorer.n_padded / max(1, scorer.n_tokens), 4)))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
