@@ -39,10 +39,19 @@ class BertConfig:
 
     @classmethod
     def from_json(cls, path):
-        d = json.loads(Path(path).read_text())
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: not a readable JSON config ({e})") from None
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{path}: not a JSON object")
         if d.get("hidden_act", "gelu") != "gelu" or d.get("position_embedding_type", "absolute") != "absolute":
             raise CheckpointError(f"{path}: only hidden_act=gelu and absolute positions are BERT as implemented here")
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        c = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        bad = [f.name for f in fields(cls) if not isinstance(getattr(c, f.name), (int, float)) or getattr(c, f.name) < 0]
+        if bad:
+            raise CheckpointError(f"{path}: {bad[0]} must be a non-negative number, not {getattr(c, bad[0])!r}")
+        return c
 
     @classmethod
     def from_shapes(cls, shapes):

@@ -26,6 +26,11 @@ DATASETS = {  # name -> (folder, task); 'lp' link prediction, 'tc' triple classi
     "fb15k-237": ("FB15k-237", "lp"), "wn18rr": ("WN18RR", "lp"), "umls": ("umls", "lp"),
     "wn11": ("WN11", "tc"), "fb13": ("FB13", "tc"),
 }
+TEXT_FILES = {  # name -> (entity names, entity descriptions for --text long; None: the release has none)
+    "fb15k-237": ("entity2text.txt", "entity2textlong.txt"), "umls": ("entity2text.txt", "entity2textlong.txt"),
+    "wn18rr": ("entity2text.txt", "entity2text.txt"),  # WN18RR's names already carry the synset definition
+    "wn11": ("entity2text.txt", None), "fb13": ("entity2text_capital.txt", "entity2text.txt"),
+}
 PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: positives only)
     "fb15k-237": (14541, 237, 272115, 17535, 20466), "wn18rr": (40943, 11, 86835, 3034, 3134),
     "umls": (135, 46, 5216, 652, 661), "wn11": (38696, 11, 112581, 2609, 10544),
@@ -189,9 +194,11 @@ def load_kg(name, data_dir=None, text="name"):
         raise ValueError(f"text must be 'name' or 'long', not {text!r}")
     if not folder.is_dir():
         raise DataError(f"{folder}: no such dataset folder (python data.py --download {name}, or set --data-dir / PALT_DATA)")
-    text_file = folder / ("entity2text_capital.txt" if name == "fb13" else "entity2text.txt")
-    if text == "long":  # descriptions where the folder has them, else the names
-        text_file = next((f for f in (folder / "entity2textlong.txt", folder / "entity2text.txt") if f.is_file()), text_file)
+    names, long = TEXT_FILES[name]
+    if text == "long" and (long is None or not (folder / long).is_file()):  # never train on names by surprise
+        raise DataError(f"{folder / (long or 'entity2textlong.txt')}: --text long needs the entity descriptions, "
+                        f"which {'this release lacks' if long is None else 'are not in the folder'}; use --text name")
+    text_file = folder / (long if text == "long" else names)
     digest = hashlib.sha256()
     ent = _read_texts(text_file, digest)
     rel = _read_texts(folder / "relation2text.txt", digest)
@@ -267,7 +274,8 @@ def encode(kg, tokenizer, cache_dir=None):
 
 
 def _part_lengths(enc, triples, max_seq_length):
-    """(B,3) token counts of head, relation, tail after longest-first truncation to max_seq_length - 3.
+    """(B,3) token counts of head, relation, tail after longest-first truncation to max_seq_length - 3 (callers
+    pass max_seq_length less the prompt tokens: the limit counts every position the model sees).
 
     Same result as popping one token at a time from the end of the currently longest part (ties: tail, then
     relation, then head lose first), in closed form: cap every part at a level T and hand the tokens left over
@@ -288,7 +296,7 @@ def _part_lengths(enc, triples, max_seq_length):
 
 def seq_lengths(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
     t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
-    return _part_lengths(enc, t, max_seq_length).sum(1) + 3 + sum(prompts)
+    return _part_lengths(enc, t, max_seq_length - sum(prompts)).sum(1) + 3 + sum(prompts)
 
 
 def _fill(out, flat, src, dst, n):
@@ -299,10 +307,10 @@ def _fill(out, flat, src, dst, n):
 
 
 def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
-    """[CLS] P*b head rel P*m [SEP] tail P*e [SEP], right-padded to the longest row."""
+    """[CLS] P*b head rel P*m [SEP] tail P*e [SEP], right-padded to the longest row, at most max_seq_length long."""
     t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
     b, m, e = prompts
-    lens = _part_lengths(enc, t, max_seq_length)
+    lens = _part_lengths(enc, t, max_seq_length - b - m - e)
     n = lens.sum(1) + 3 + b + m + e
     B, L = len(t), int(n.max()) if len(t) else 3 + b + m + e
     rows, col = np.arange(B), np.arange(L)[None, :]

@@ -1,7 +1,9 @@
 """Evaluate PALT: triple classification, and fast, honest filtered link prediction.
 
-    python evaluate.py --tc --data wn11 --ckpt runs/wn11/ckpt.safetensors [--per-relation]
-    python evaluate.py --lp --data umls --ckpt runs/umls/ckpt.safetensors [--limit 200] [--raw]
+    python evaluate.py --lp                                              (the shipped adapter weights/palt-umls-minilm)
+    python evaluate.py --predict virus causes                            (the same adapter: top-10 completions)
+    python evaluate.py --tc --ckpt runs/wn11-minilm [--per-relation]     (a run folder: its best.safetensors)
+    python evaluate.py --lp --ckpt runs/umls/ckpt.safetensors [--limit 200] [--raw]
     python evaluate.py --predict --data fb15k-237 --ckpt PATH "Charlie Chaplin" profession [--reverse]
     python evaluate.py --lp --data umls --model bert-base-uncased        (zero-shot: a pretrained NSP head)
     torchrun --nproc_per_node 8 evaluate.py --lp ...                     (queries split over the ranks)
@@ -11,11 +13,13 @@ softmax probability saturates at 1.0 and turns distinct scores into ties. The ti
 honestly: a true answer tied with k others has optimistic rank r, pessimistic rank r + k, and realistic rank
 r + k/2, the expected rank under random tie-breaking (as PyKEEN reports). Reported metrics use realistic
 filtered ranks; the JSON also has the optimistic, pessimistic and raw ones, so that the tie bias is visible.
+A --limit estimate carries a 95% bootstrap interval. --data defaults to the checkpoint's dataset, else umls
+(--lp, --predict) or wn11 (--tc); without --ckpt and --model the shipped adapter for the dataset is evaluated.
 Ends with one markdown row:  --lp  | data | model | ckpt | MR | MRR | H@1 | H@3 | H@10 |
                              --tc  | data | model | ckpt | dev acc | test acc |
 """
-import argparse, hashlib, json, os, sys, time
-from dataclasses import dataclass
+import argparse, hashlib, json, os, sys, tempfile, time, zipfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np
 import torch
@@ -27,6 +31,7 @@ import palt
 
 KS = (1, 3, 10)  # Hits@k
 ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False, finetune=False)
+DEFAULT_DATA = {"lp": "umls", "tc": "wn11", "predict": "umls"}  # what `python evaluate.py --lp` evaluates
 
 # ----------------------------------------------------------------------------- ranks, metrics, thresholds
 
@@ -69,6 +74,21 @@ def lp_metrics(rows):
     sides = {"head": rows[:, 1] == 0, "tail": rows[:, 1] == 1, "both": np.ones(len(rows), bool)}
     return {setting: {side: rank_metrics(rows[m, c], rows[m, c + 1]) for side, m in sides.items()}
             for setting, c in (("filtered", 2), ("raw", 4))}
+
+
+def bootstrap_interval(rows, n_resamples=1000, seed=0):
+    """95% percentile-bootstrap interval of the filtered realistic MR, MRR and Hits@k over both sides, for an
+    estimate on sampled test triples: the triples are resampled with replacement (a triple's two sides stay
+    together, as they were sampled together), all resamples at once through one (n_resamples, n) index matrix.
+    rows as in lp_metrics -> {"mr": [lo, hi], "mrr": ..., "hits@k": ..., "resamples", "seed"}."""
+    r = (rows[:, 2] + rows[:, 3]) / 2  # realistic filtered rank
+    triple, side_of = np.unique(rows[:, 0], return_inverse=True)
+    per_triple = lambda v: np.bincount(side_of, weights=v, minlength=len(triple))  # sum over the triple's sides
+    sums = {"mr": per_triple(r), "mrr": per_triple(1 / r), **{f"hits@{k}": per_triple(r <= k) for k in KS}}
+    idx = np.random.default_rng(seed).integers(0, len(triple), size=(n_resamples, len(triple)))
+    sides = per_triple(np.ones(len(r)))[idx].sum(1)
+    out = {m: [float(x) for x in np.percentile(s[idx].sum(1) / sides, [2.5, 97.5])] for m, s in sums.items()}
+    return out | {"resamples": n_resamples, "seed": seed}
 
 
 def best_threshold(scores, labels):
@@ -189,15 +209,67 @@ def rank_queries(score, lpq, tri, queries, block, skip=None):
         yield qs, np.concatenate([np.stack([pair_tri[sel], pair_side[sel]], 1), ranks], 1)
 
 
+def write_atomic(path, write):
+    """write(f) into path.tmp, then rename it over path: a kill or a full disk keeps the previous file. An OSError
+    comes out after the .tmp is removed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the first error is the one to report
+        raise
+
+
+def check_writable(folder, what):
+    """Fail now, in one line, not after hours of scoring: files must be creatable in `folder`, or in the nearest
+    existing folder above it (folders are made only when something is written)."""
+    folder = Path(folder)
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SystemExit(f"error: {what}: {folder} is not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".palt-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SystemExit(f"error: {what}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def read_rows(path, n_triples):
+    """The (n, 6) rows saved in one state file, or one line naming it: never a traceback, never a pickle."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            rows = z["rows"]
+        why = (f"rows of shape {rows.shape}, not (n, 6)" if rows.ndim != 2 or rows.shape[1] != 6 else
+               f"rows of dtype {rows.dtype}, not integers" if rows.dtype.kind not in "iu" else
+               "rows outside the test set" if len(rows) and (rows[:, 0].min() < 0 or rows[:, 0].max() >= n_triples
+                                                            or not np.isin(rows[:, 1], (0, 1)).all()) else
+               "ranks below 1" if len(rows) and rows[:, 2:].min() < 1 else None)
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as e:
+        # numpy's own words about pickles suggest loading it unsafely: never for a file found on disk
+        why = "pickled objects, which are never loaded" if "pickle" in str(e) else f"{type(e).__name__}: {e}"
+    if why:
+        raise SystemExit(f"error: {path}: damaged ranking state ({why}); delete it (or the folder {path.parent}) "
+                         "to start over")
+    return rows.astype(np.int64)
+
+
 class State:
     """Finished rows of one evaluation, one .npz per rank, replaced atomically: a run killed at any point
     restarts from its last save. `prior` holds what every rank of earlier runs saved under the same key."""
 
-    def __init__(self, folder, key, rank):
+    def __init__(self, folder, key, rank, n_triples):
         self.folder, self.key, self.path = Path(folder), key, Path(folder) / f"{key}-rank{rank}.npz"
-        read = lambda f: np.load(f, allow_pickle=False)["rows"]
-        self.prior = np.concatenate([np.zeros((0, 6), np.int64)] + [read(f) for f in self.files()])
-        self.mine = [read(self.path)] if self.path.exists() else []
+        self.prior = np.concatenate([np.zeros((0, 6), np.int64)] + [read_rows(f, n_triples) for f in self.files()])
+        self.mine = [read_rows(self.path, n_triples)] if self.path.exists() else []
         self.new = []
 
     def files(self):
@@ -208,11 +280,23 @@ class State:
         self.new.append(rows)
 
     def save(self):
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, rows=np.concatenate(self.mine or [np.zeros((0, 6), np.int64)]))
-        os.replace(tmp, self.path)
+        rows = np.concatenate(self.mine or [np.zeros((0, 6), np.int64)])
+        try:
+            write_atomic(self.path, lambda f: np.savez(f, rows=rows))
+        except OSError as e:
+            raise SystemExit(f"error: cannot save the ranking state {self.path} ({e.strerror or e}); the previous "
+                             f"save is kept: make room, and the same command resumes from {self.folder}") from None
+
+    def remove(self):
+        """The results are written: the saved rows have served their purpose."""
+        try:
+            for f in self.files():
+                f.unlink()
+            if not any(self.folder.iterdir()):  # other evaluations may share the folder
+                self.folder.rmdir()
+        except OSError as e:
+            print(f"warning: could not remove the finished ranking state in {self.folder} ({e.strerror or e})",
+                  file=sys.stderr)
 
 
 def default_tokens(device):
@@ -249,7 +333,7 @@ def link_prediction(run, scorer, kg, info, out, rank, world):
     mine = needed[rank::world]  # round robin: every rank gets head and tail queries alike
     key = hashlib.sha256(json.dumps([info["identity"], kg.name, kg.fingerprint, info["text"], info["prompts"],
                                      info["max_seq_length"], run.split, run.candidates, run.limit, run.seed, scorer.dtype]).encode())
-    state = State(out.with_suffix(".state"), key.hexdigest()[:16], rank)
+    state = State(out.with_suffix(".state"), key.hexdigest()[:16], rank, T)
     if dist.is_initialized():
         dist.barrier()  # every rank has read the old state before any rank writes
     done = np.zeros(len(lpq.queries), bool)
@@ -276,16 +360,13 @@ def link_prediction(run, scorer, kg, info, out, rank, world):
     rows = rows[first]
     if len(rows) != 2 * len(tri):
         raise SystemExit(f"error: {len(rows)} of {2 * len(tri)} ranks found; remove {state.folder} and run again")
-    if rank == 0:  # finished: the saved state has served its purpose
-        for f in state.files():
-            f.unlink()
-        if not any(state.folder.iterdir()):  # other evaluations may share the folder
-            state.folder.rmdir()
     estimate = len(tri) < T
     counts = dict(test_triples=T, ranked_triples=len(tri), queries=len(needed), candidates=C,
                   scored_triples=len(needed) * C, resumed_queries=int(done[needed].sum()))
-    return dict(task="lp", split=run.split, estimate=estimate, counts=counts, metrics=lp_metrics(rows),
-                note=f"estimate ({len(tri)} of {T} test triples)" if estimate else f"all {T} test triples")
+    metrics = lp_metrics(rows) | {"interval95": bootstrap_interval(rows, seed=run.seed) if estimate else None}
+    # the state is removed by the caller once the results are written: a failed write loses nothing
+    return dict(task="lp", split=run.split, estimate=estimate, counts=counts, metrics=metrics,
+                note=f"estimate ({len(tri)} of {T} test triples)" if estimate else f"all {T} test triples"), state
 
 
 def print_lp(result, raw):
@@ -301,6 +382,19 @@ def print_lp(result, raw):
     b = m["filtered"]["both"]
     print("ties: MRR optimistic {:.4f}, realistic {:.4f}, pessimistic {:.4f}, expected {:.4f}".format(
         *(b[k]["mrr"] for k in ("optimistic", "realistic", "pessimistic", "expected"))))
+    ci = m["interval95"]
+    if ci:
+        r = b["realistic"]
+        print(f"95% interval, filtered realistic, both sides (bootstrap over the {c['ranked_triples']:,} sampled triples, "
+              f"{ci['resamples']:,} resamples, seed {ci['seed']}):")
+        print("  " + "  ".join(f"{name} {with_interval(r, ci, key, '.2f' if key == 'mr' else '.4f')}"
+                               for name, key in [("MR", "mr"), ("MRR", "mrr")] + [(f"H@{k}", f"hits@{k}") for k in KS]))
+
+
+def with_interval(values, interval, key, fmt=".4f"):
+    """'0.8520 [0.8301, 0.8712]', or the bare value without an interval."""
+    lo_hi = f" [{interval[key][0]:{fmt}}, {interval[key][1]:{fmt}}]" if interval else ""
+    return f"{values[key]:{fmt}}" + lo_hi
 
 
 # ----------------------------------------------------------------------------- triple classification
@@ -345,7 +439,7 @@ def triple_classification(run, scorer, kg, rank, world):
                              threshold=jsonable(theta), per_relation_thresholds=run.per_relation,
                              relation_thresholds={kg.relations[r]: jsonable(float(thresholds[r]))
                                                   for r in np.unique(kg.dev[:, 1])} if run.per_relation else None,
-                             test_error_by_relation=table))
+                             test_error_by_relation=table)), None
 
 
 def print_tc(result):
@@ -416,16 +510,80 @@ def gather_rows(x):
     return torch.cat([p[:int(n)] for p, n in zip(parts, sizes)])
 
 
+def checkpoint_file(path):
+    """--ckpt: a checkpoint file, or a run folder of train.py: its best.safetensors (best on dev), else its
+    ckpt.safetensors (the last epoch)."""
+    p = Path(path)
+    if p.is_dir():
+        found = [p / name for name in ("best.safetensors", "ckpt.safetensors") if (p / name).is_file()]
+        if not found:
+            raise SystemExit(f"error: --ckpt {path}: a folder without best.safetensors or ckpt.safetensors "
+                             "(give a run folder of train.py, or a checkpoint file)")
+        return found[0]
+    if not p.exists():
+        raise SystemExit(f"error: --ckpt {path}: no such checkpoint file or run folder")
+    return p
+
+
+def shown(path):
+    """A path as the user would type it: relative to the working folder where it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def resolve_source(run):
+    """(run with its checkpoint file and dataset filled in, the checkpoint's metadata, or None for zero-shot).
+    Reads only the checkpoint's metadata, so that every mistake in the command line surfaces before the model
+    loads. No --ckpt and no --model: the adapter shipped in weights/ for the dataset."""
+    if run.model:
+        return replace(run, data=run.data or DEFAULT_DATA[run.task]), None
+    if run.ckpt:
+        ckpt = checkpoint_file(run.ckpt)
+    else:
+        name = data.dataset(run.data or DEFAULT_DATA[run.task])[0]
+        ckpt = bert.WEIGHTS / f"palt-{name}-minilm.safetensors"
+        if not ckpt.is_file():
+            raise SystemExit(f"error: no shipped adapter {shown(ckpt)}: train one with python train.py --data {name}, "
+                             f"then --ckpt runs/{name}-minilm")
+    _, meta = palt.read_checkpoint(ckpt)
+    if not isinstance(meta, dict) or not isinstance(meta.get("data"), str) or not isinstance(meta.get("text"), str):
+        raise bert.CheckpointError(f"{ckpt}: not a PALT checkpoint (no dataset or text in its metadata)")
+    if run.data and data.dataset(meta["data"])[0] != data.dataset(run.data)[0]:
+        raise SystemExit(f"error: {ckpt} was trained on {meta['data']}, not {run.data}")
+    if run.text not in (None, meta["text"]):
+        raise SystemExit(f"error: {ckpt} was trained with --text {meta['text']}, not {run.text}")
+    return replace(run, ckpt=str(ckpt), data=run.data or meta["data"]), meta
+
+
+def results_path(run, shipped):
+    """--out, else beside the checkpoint (runs/NAME/eval-umls-lp-test.json), else in results/."""
+    name = data.dataset(run.data)[0]
+    tag = run.task + (f"-{run.split}" if run.task == "lp" else "") + (f"-limit{run.limit}-seed{run.seed}" if run.limit else "")
+    if run.out:
+        return Path(run.out)
+    if run.model:
+        return Path("results") / f"{name}-zeroshot-{Path(run.model).name}-{tag}.json"
+    ckpt = Path(run.ckpt)
+    if shipped:  # never write into weights/
+        return Path("results") / f"{name}-{ckpt.stem}-{tag}.json"
+    # best.safetensors and ckpt.safetensors of one run folder get two files, not one overwriting the other
+    return ckpt.parent / f"eval-{name}{'' if ckpt.stem == 'ckpt' else '-' + ckpt.stem}-{tag}.json"
+
+
+def train_summary(meta):
+    """What train.py recorded about the training of a checkpoint (None for what older checkpoints lack)."""
+    if meta is None:
+        return None
+    return {"epochs": meta.get("epoch"), "steps": meta.get("step"), "dtype": meta.get("dtype"),
+            "wall_s": meta.get("train_wall_s"), "dev": meta.get("dev"), "best_epoch": meta.get("best_epoch")}
+
+
 def load_model(run, device):
     """(PALT model, tokenizer, info): from a checkpoint, or zero-shot from a base model with a pretrained NSP head."""
     if run.ckpt:
-        if not Path(run.ckpt).is_file():
-            raise SystemExit(f"error: {run.ckpt}: no such checkpoint file")
         model, meta, loaded = palt.load_checkpoint(run.ckpt)
-        if data.dataset(str(meta["data"]))[0] != data.dataset(run.data)[0]:
-            raise SystemExit(f"error: {run.ckpt} was trained on {meta['data']}, not {run.data}")
-        if run.text not in (None, meta["text"]):
-            raise SystemExit(f"error: {run.ckpt} was trained with --text {meta['text']}, not {run.text}")
         st = Path(run.ckpt).stat()
         info = dict(model=meta["model"], ckpt=str(run.ckpt), weights_sha256=meta.get("weights_sha256"),
                     text=meta["text"], prompts=[int(p) for p in meta["prompts"]],
@@ -446,9 +604,9 @@ def load_model(run, device):
 class Run:
     task: str  # 'lp' | 'tc' | 'predict'
     query: list  # --predict: ENTITY RELATION
-    data: str
+    data: str | None  # None: the checkpoint's dataset, else DEFAULT_DATA[task]
     data_dir: str | None
-    ckpt: str | None
+    ckpt: str | None  # None and no model: the shipped adapter
     model: str | None
     out: str | None
     split: str
@@ -477,17 +635,20 @@ def parse_args(argv=None):
     task.add_argument("--predict", dest="task", action="store_const", const="predict",
                       help="top-k completions of ENTITY RELATION")
     ap.add_argument("query", nargs="*", metavar="ENTITY RELATION", help="--predict: by id or by text")
-    ap.add_argument("--data", required=True, help=", ".join(data.DATASETS))
+    ap.add_argument("--data", help=f"{', '.join(data.DATASETS)} (default: the checkpoint's, else umls for --lp and "
+                                   "--predict, wn11 for --tc)")
     ap.add_argument("--data-dir", help="folder of the dataset folders (default $PALT_DATA, else ./data)")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--ckpt", help="a checkpoint written by train.py")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--ckpt", help="a checkpoint written by train.py, or its run folder (then best.safetensors, "
+                                    "else ckpt.safetensors); default: the adapter shipped in weights/ for --data")
     src.add_argument("--model", help="zero-shot: a base model with a pretrained NSP head (e.g. bert-base-uncased)")
     ap.add_argument("--out", help="results JSON (default: beside the checkpoint, or results/)")
     ap.add_argument("--split", default="test", choices=["test", "dev"], help="--lp: the split ranked")
     ap.add_argument("--candidates", default="split", choices=["split", "all"],
                     help="entities ranked: those in any split (standard), or every entity with text")
-    ap.add_argument("--limit", type=int, help="--lp: rank a seeded random subset of N test triples (an estimate)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--limit", type=int, help="--lp: rank a seeded random subset of N test triples (an estimate, "
+                                              "with a 95%% bootstrap interval)")
+    ap.add_argument("--seed", type=int, default=0, help="--limit: the subset and the bootstrap")
     ap.add_argument("--raw", action="store_true", help="--lp: print raw (unfiltered) ranks too (always in the JSON)")
     ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation")
     ap.add_argument("--topk", type=int, default=10)
@@ -503,17 +664,39 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.task == "predict" and len(args.query) != 2:
         ap.error("--predict needs ENTITY RELATION")
-    for name in ("limit", "topk", "tokens", "block_rows", "max_seq_length"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.task != "predict" and args.query:
         ap.error(f"unexpected arguments {' '.join(args.query)} (only --predict takes ENTITY RELATION)")
+    for name in ("limit", "topk", "tokens", "block_rows", "max_seq_length", "stop_after_queries"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.seed < 0:
+        ap.error("--seed must be at least 0")
+    if not args.save_every > 0:  # also NaN
+        ap.error("--save-every must be more than 0 seconds")
+    if args.data is not None and args.data.lower() not in data.DATASETS:
+        ap.error(f"--data {args.data}: unknown dataset (one of {', '.join(data.DATASETS)})")
     return Run(**vars(args))
 
 
 def main(argv=None):
     t0 = time.time()
     run = parse_args(argv)
+    try:
+        # everything that can be checked without the model is checked first: a mistake costs seconds, not a load
+        shipped = run.ckpt is None and run.model is None
+        run, meta = resolve_source(run)
+        name, _, task = data.dataset(run.data)
+        if run.task == "tc" and task != "tc":
+            raise SystemExit(f"error: {name} has no labelled dev/test negatives; triple classification needs wn11 or fb13")
+        out = None if run.task == "predict" else results_path(run, shipped)
+        if out and out.is_dir():
+            raise SystemExit(f"error: --out {out} is a folder; give the path of a file")
+        if out:
+            check_writable(out.parent, f"--out {out}")
+        if out and run.task == "lp":  # the resumable ranking state
+            check_writable(out.with_suffix(".state"), f"--out {out}: its ranking state")
+    except (data.DataError, bert.CheckpointError) as e:
+        raise SystemExit(f"error: {e}")
     rank, world, device = init_distributed()
     try:
         model, tokenizer, info = load_model(run, device)
@@ -527,32 +710,37 @@ def main(argv=None):
         scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], tokens, device, dtype)
         if run.task == "predict":
             return predict(run, scorer, kg) if rank == 0 else None
-        tag = run.task + (f"-{run.split}" if run.task == "lp" else "") + (f"-limit{run.limit}-seed{run.seed}" if run.limit else "")
-        out = Path(run.out) if run.out else (Path(run.ckpt).parent / f"eval-{kg.name}-{tag}.json" if run.ckpt
-                                             else Path("results") / f"{kg.name}-zeroshot-{Path(run.model).name}-{tag}.json")
-        result = (link_prediction(run, scorer, kg, info, out, rank, world) if run.task == "lp"
-                  else triple_classification(run, scorer, kg, rank, world))
+        result, state = (link_prediction(run, scorer, kg, info, out, rank, world) if run.task == "lp"
+                         else triple_classification(run, scorer, kg, rank, world))
         if rank != 0:
             return
         result = dict(data=kg.name, model=info["model"], ckpt=info["ckpt"], weights_sha256=info["weights_sha256"],
                       data_fingerprint=kg.fingerprint, **result, wall_s=round(time.time() - t0, 2),
-                      settings=dict(text=info["text"], prompts=info["prompts"], max_seq_length=info["max_seq_length"],
-                                    candidates=run.candidates, limit=run.limit, seed=run.seed, tokens=tokens,
-                                    world_size=world, device=str(device), dtype=dtype,
+                      train=train_summary(meta),
+                      settings=dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"],
+                                    max_seq_length=info["max_seq_length"], candidates=run.candidates, limit=run.limit,
+                                    seed=run.seed, tokens=tokens, world_size=world, device=str(device), dtype=dtype,
                                     padded_per_real_token=round(scorer.n_padded / max(1, scorer.n_tokens), 4)))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
         row = [kg.name + (" (estimate)" if result["estimate"] else ""), info["model"], info["ckpt"] or "zero-shot"]
         if run.task == "lp":
-            print_lp(result, run.raw)
-            r = result["metrics"]["filtered"]["both"]["realistic"]
-            row += [f"{r['mr']:.2f}", f"{r['mrr']:.4f}"] + [f"{r[f'hits@{k}']:.4f}" for k in KS]
+            print_lp(result, run.raw)  # printed before the JSON is written: a failed write still shows them
+            r, ci = result["metrics"]["filtered"]["both"]["realistic"], result["metrics"]["interval95"]
+            row += [f"{r['mr']:.2f}"] + [with_interval(r, ci, m) for m in ["mrr"] + [f"hits@{k}" for k in KS]]
         else:
             print_tc(result)
             row += [f"{result['metrics']['dev_accuracy']:.4f}", f"{result['metrics']['test_accuracy']:.4f}"]
+        text = json.dumps(result, indent=1) + "\n"
+        try:
+            write_atomic(out, lambda f: f.write(text.encode()))
+        except OSError as e:
+            keep = (f"the ranks stay saved in {state.folder}: make room, and the same command writes the results "
+                    "without scoring again") if state else "the metrics are printed above"
+            raise SystemExit(f"error: cannot write {out} ({e.strerror or e}); the previous file is kept, and {keep}") from None
+        if state:
+            state.remove()
         print(f"wrote {out} ({result['wall_s']:.1f} s)")
         print("| " + " | ".join(row) + " |")
-    except (data.DataError, bert.CheckpointError) as e:
+    except (data.DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise SystemExit(f"error: {e}")
     finally:
         if dist.is_initialized():

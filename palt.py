@@ -108,23 +108,50 @@ def trainable_state(model):
 
 def save_checkpoint(path, model, meta):
     """Trainable tensors as safetensors; config, base model identity and data fingerprint in the metadata."""
-    meta = {**meta, "palt": asdict(model.cfg) | {"calib_layers": list(model.calib_layers)}}
+    meta = {"kind": "checkpoint", **meta, "palt": palt_meta(model)}
+    save_atomic(path, {n: t.cpu() for n, t in trainable_state(model).items()}, meta)
+
+
+def palt_meta(model):
+    return asdict(model.cfg) | {"calib_layers": list(model.calib_layers)}
+
+
+def save_atomic(path, tensors, meta):
+    """Write safetensors to path.tmp, then rename: a run killed (or a disk that fills) while saving keeps the
+    previous file. OSError (disk full, permissions) comes out after the .tmp is removed."""
     path, tmp = Path(path), Path(str(path) + ".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({n: t.cpu() for n, t in trainable_state(model).items()}, str(tmp), metadata={"meta": json.dumps(meta)})
-    os.replace(tmp, path)  # atomic: a run killed while saving keeps the previous checkpoint
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
-def read_checkpoint(path):
-    """(tensors, meta) of a PALT checkpoint."""
+CHECKPOINT_KEYS = ("model", "weights_sha256", "data", "data_fingerprint", "text", "prompts", "max_seq_length", "palt")
+
+
+def read_checkpoint(path, kind="checkpoint"):
+    """(tensors, meta) of a PALT checkpoint (kind 'checkpoint') or of train.py's resume state (kind 'train-state')."""
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["meta"])
-            return {k: f.get_tensor(k) for k in f.keys()}, meta
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
+    except PermissionError:
+        raise CheckpointError(f"{path}: cannot read it (permission denied)") from None
     except Exception as e:  # a truncated or foreign file: say so in one line
-        raise CheckpointError(f"{path}: not a PALT checkpoint ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{path}: not a PALT {kind} ({type(e).__name__}: {e})") from None
+    if meta.get("kind", "checkpoint") != kind:  # checkpoints written before 'kind' existed are checkpoints
+        hint = " (train.py's resume state: give ckpt.safetensors, best.safetensors or the run folder)" \
+            if meta.get("kind") == "train-state" else ""
+        raise CheckpointError(f"{path}: a {meta.get('kind')}, not a PALT {kind}{hint}")
+    missing = [k for k in CHECKPOINT_KEYS if k not in meta]
+    if missing:
+        raise CheckpointError(f"{path}: not a PALT {kind} (its metadata lacks {', '.join(missing)})")
+    return tensors, meta
 
 
 def load_checkpoint(path, model=None):

@@ -25,7 +25,7 @@ def make_bert_dir(path, words, nsp=True, hidden=32, layers=2, heads=2, dropout=0
     path.mkdir(parents=True, exist_ok=True)
     vocab = SPECIAL + sorted(set(words) - set(SPECIAL))
     cfg = BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                     intermediate_size=2 * hidden, max_position_embeddings=128, hidden_dropout_prob=dropout,
+                     intermediate_size=2 * hidden, max_position_embeddings=256, hidden_dropout_prob=dropout,
                      attention_probs_dropout_prob=dropout)
     torch.manual_seed(seed)
     model = Bert(cfg)

@@ -109,12 +109,17 @@ def test_text_modes_pick_the_entity_text_file(tmp_path):
     write_kg(tmp_path)
     long = load_kg("umls", tmp_path, text="long")
     assert long.text_file == "entity2textlong.txt" and long.ent_text[0] == "alpha hotel india"
-    write_kg(tmp_path / "nolong", "WN18RR", entity2textlong_txt=None)  # no entity2textlong.txt there: the names stand in
+    write_kg(tmp_path / "nolong", "WN18RR", entity2textlong_txt=None)  # WN18RR's names carry the definitions
     assert load_kg("wn18rr", tmp_path / "nolong", text="long").text_file == "entity2text.txt"
+    write_kg(tmp_path / "nolong", "umls", entity2textlong_txt=None)  # never the names when descriptions were asked for
+    with pytest.raises(DataError, match=r"umls/entity2textlong.txt: --text long needs the entity descriptions"):
+        load_kg("umls", tmp_path / "nolong", text="long")
     fb13 = dict(TC_FILES, **{"entity2text_capital.txt": "a\tAlpha\nb\tBravo\nc\tDelta\nd\tGolf\nx\tXray\n"})
     del fb13["entity2text.txt"]
     write_kg(tmp_path / "fb", "FB13", fb13)
     assert load_kg("fb13", tmp_path / "fb").text_file == "entity2text_capital.txt"
+    with pytest.raises(DataError, match=r"FB13/entity2text.txt: --text long needs the entity descriptions"):
+        load_kg("fb13", tmp_path / "fb", text="long")  # FB13's descriptions are entity2text.txt, missing here
     with pytest.raises(ValueError):
         load_kg("umls", tmp_path, text="short")
 
@@ -228,21 +233,23 @@ def test_truncation_is_longest_first_like_popping_one_token_at_a_time():
         got = data._part_lengths(enc, triples, max_seq_length)
         want = [reference_truncation(t, max_seq_length - 3) for t in triples.tolist()]
         assert got.tolist() == want
-    # the kept tokens are the first ones of each part, and the rows respect max_seq_length + prompts
+    # the kept tokens are the first ones of each part; max_seq_length counts every position, prompts included
+    # (the model has no more positions than that): 20 - 3 prompts - 3 specials leave 14 text tokens, (13, 5, 9) -> (5, 5, 4)
     batch = build_batch(enc, [[13, 5, 9]], prompts=(1, 1, 1), max_seq_length=20)
     row = batch["input_ids"][0].tolist()
-    assert len(row) == 20 + 3
-    assert row[2:8] == ids[off[13]:off[13] + 6].tolist() and row[8:13] == ids[off[5]:off[5] + 5].tolist()
-    assert row[15:21] == ids[off[9]:off[9] + 6].tolist()
+    assert len(row) == 20
+    assert row[2:7] == ids[off[13]:off[13] + 5].tolist() and row[7:12] == ids[off[5]:off[5] + 5].tolist()
+    assert row[14:18] == ids[off[9]:off[9] + 4].tolist() and row[13] == row[19] == 2  # the [SEP]s
 
 
 def test_seq_lengths_match_the_built_batch(kg):
     enc = encode(kg, tiny_tokenizer())
     triples = np.random.default_rng(0).integers(0, 2, size=(50, 3)) * [2, 1, 2] + [0, 0, 1]
-    for prompts, msl in (((0, 0, 0), 192), ((3, 2, 1), 6)):
+    for prompts, msl in (((0, 0, 0), 192), ((3, 2, 1), 12)):  # 12 = 6 prompts, 3 specials, 3 text tokens
         batch = build_batch(enc, triples, prompts, msl)
         assert batch["attention_mask"].sum(1).tolist() == seq_lengths(enc, triples, prompts, msl).tolist()
         assert (batch["prompt_index"] >= 0).sum(1).tolist() == [sum(prompts)] * 50
+        assert batch["input_ids"].shape[1] <= msl
 
 
 # ----------------------------------------------------------------------------- negatives

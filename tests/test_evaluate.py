@@ -1,5 +1,5 @@
 """evaluate.py: ranks with ties, filtered vs raw, the threshold search, resuming, 1 vs 2 torchrun processes, the CLI."""
-import itertools, json, os, signal, subprocess, sys
+import errno, io, itertools, json, os, re, signal, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
@@ -164,9 +164,10 @@ def test_lp_zero_shot_resume_and_two_processes_give_the_same_metrics(lp_root, ti
                                  resumed_queries=0)  # the 12 sides of the 6 triples ask 10 distinct queries
     assert one["metrics"]["filtered"]["both"]["realistic"]["mr"] <= one["metrics"]["raw"]["both"]["realistic"]["mr"]
     assert "| umls | " in capsys.readouterr().out
+    assert one["train"] is None and one["settings"]["text_file"] == "entity2text.txt"  # zero-shot: nothing trained
     # killed after 2 blocks of 2 queries; the rerun does the other 8 queries and ends with the same metrics
     with pytest.raises(SystemExit, match="stopped after 4 queries"):
-        run_cli(*common, "--out", tmp_path / "two.json", "--save-every", 0, "--stop-after-queries", 3)
+        run_cli(*common, "--out", tmp_path / "two.json", "--stop-after-queries", 3)
     assert len(list((tmp_path / "two.state").glob("*.npz"))) == 1
     capsys.readouterr()
     two = run_cli(*common, "--out", tmp_path / "two.json")
@@ -216,14 +217,22 @@ def test_scorer_batches_give_each_triple_its_own_score(trained):
 
 def test_lp_from_a_checkpoint_matches_the_library_call(trained, lp_root, tmp_path, capsys):
     path, model, kg, enc = trained
-    got = run_cli("--lp", "--data", "umls", "--data-dir", lp_root, "--ckpt", path, "--out", tmp_path / "r.json", "--raw")
+    got = run_cli("--lp", "--data", "umls", "--data-dir", lp_root, "--ckpt", path, "--out", tmp_path / "r.json", "--raw",
+                  "--dtype", "fp32")  # the library call scores in fp32; auto is bf16 on CPUs with native bf16
     assert got["settings"]["prompts"] == [2, 1, 1] and got["data_fingerprint"] == kg.fingerprint
     want = evaluate.rank_split(model, kg, enc, "test", (2, 1, 1), 12, "cpu")
     assert got["metrics"]["filtered"]["both"]["realistic"] == pytest.approx(want)
     assert "raw, realistic ranks" in capsys.readouterr().out
     # a limited run is labelled an estimate
+    assert got["metrics"]["interval95"] is None  # the whole test set: no sampling error
+    # a limited run is labelled an estimate, with a 95% interval beside the figures
     est = run_cli("--lp", "--data", "umls", "--data-dir", lp_root, "--ckpt", path, "--out", tmp_path / "e.json", "--limit", 3)
     assert est["estimate"] and est["counts"]["ranked_triples"] == 3 and "estimate (3 of 6" in est["note"]
+    ci, r = est["metrics"]["interval95"], est["metrics"]["filtered"]["both"]["realistic"]
+    assert (ci["resamples"], ci["seed"]) == (1000, 0) and all(ci[m][0] <= r[m] <= ci[m][1] for m in r)
+    out = capsys.readouterr().out
+    assert f"MRR {r['mrr']:.4f} [{ci['mrr'][0]:.4f}, {ci['mrr'][1]:.4f}]" in out
+    assert f"| {r['mrr']:.4f} [{ci['mrr'][0]:.4f}, {ci['mrr'][1]:.4f}] |" in out  # the markdown row too
 
 
 def test_bad_input_is_one_line(trained, lp_root, tiny_bert, tmp_path):
@@ -245,7 +254,7 @@ def test_bad_input_is_one_line(trained, lp_root, tiny_bert, tmp_path):
 def test_predict_lists_the_top_completions(trained, lp_root, capsys):
     path, model, kg, enc = trained
     evaluate.main(["--predict", "--data", "umls", "--data-dir", str(lp_root), "--ckpt", str(path), "APPLE", "part of",
-                   "--topk", "4"])
+                   "--topk", "4", "--dtype", "fp32"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("(apple, part of, ?) over 10 candidates") and len(lines) == 5
     s = evaluate.score_triples(model, enc, [(0, 0, t) for t in range(10)], (2, 1, 1), 12, "cpu")
@@ -259,7 +268,7 @@ def test_triple_classification(tiny_bert, tmp_path, capsys):
     dev, test = rng.integers(0, 10, size=(40, 3)) % [10, 2, 10], rng.integers(0, 10, size=(30, 3)) % [10, 2, 10]
     labels = rng.random(40) < 0.5, rng.random(30) < 0.5
     root = write_kg(tmp_path / "d", "WN11", TRAIN, dev.tolist(), test.tolist(), labels=(labels[0].tolist(), labels[1].tolist()))
-    common = ["--tc", "--data", "wn11", "--data-dir", root, "--model", tiny_bert]
+    common = ["--tc", "--data", "wn11", "--data-dir", root, "--model", tiny_bert, "--dtype", "fp32"]
     got = run_cli(*common, "--out", tmp_path / "tc.json")["metrics"]
     import palt
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(**evaluate.ZERO_SHOT))
@@ -286,3 +295,216 @@ def test_find_by_id_text_or_unique_ending():
     assert evaluate.find(ids, texts, "profession", "relation") == 0  # the only id or text that ends in it
     with pytest.raises(SystemExit, match="'genre' is ambiguous: /film/film/genre .*, /music/genre"):
         evaluate.find(ids, texts, "genre", "relation")
+
+# ----------------------------------------------------------------------------- estimates carry an interval
+
+
+def toy_rows(n, seed=0):
+    """Filtered ranks of n test triples x 2 sides (some tied), in lp_metrics' layout."""
+    rng = np.random.default_rng(seed)
+    o = rng.geometric(0.4, size=2 * n)
+    p = o + rng.integers(0, 2, size=2 * n)
+    return np.stack([np.repeat(np.arange(n), 2), np.tile([0, 1], n), o, p, o, p], 1)
+
+
+def test_bootstrap_interval_is_seeded_narrows_with_n_and_holds_the_full_set_value():
+    rows = toy_rows(200)
+    ci = evaluate.bootstrap_interval(rows, seed=0)
+    assert ci == evaluate.bootstrap_interval(rows, seed=0) and ci != evaluate.bootstrap_interval(rows, seed=1)
+    assert (ci["resamples"], ci["seed"]) == (1000, 0)
+    full = evaluate.lp_metrics(rows)["filtered"]["both"]["realistic"]
+    assert set(full) == {"mr", "mrr", "hits@1", "hits@3", "hits@10"}
+    for m, v in full.items():
+        assert ci[m][0] < v < ci[m][1]
+    big = evaluate.bootstrap_interval(toy_rows(3200), seed=0)
+    for m in full:  # 16x the triples: about a quarter of the width
+        assert big[m][1] - big[m][0] < 0.5 * (ci[m][1] - ci[m][0])
+    # a triple's two sides are resampled together: head rank 1 and tail rank 4 everywhere leaves nothing to vary
+    paired = np.stack([np.repeat(np.arange(50), 2), np.tile([0, 1], 50), *[np.tile([1, 4], 50)] * 4], 1)
+    assert evaluate.bootstrap_interval(paired)["mrr"] == [pytest.approx(0.625)] * 2
+
+# ----------------------------------------------------------------------------- which checkpoint, which dataset
+
+
+def save_like(path, trained, **meta):
+    """The `trained` checkpoint's tensors at path, its metadata changed or extended by meta."""
+    import palt
+    src, model, *_ = trained
+    _, base = palt.read_checkpoint(src)
+    palt.save_checkpoint(path, model, {k: v for k, v in base.items() if k not in ("palt", "kind")} | meta)
+    return path
+
+
+def one_line_error(argv, match):
+    """evaluate.main(argv) stops with a single 'error: ...' line that matches."""
+    with pytest.raises(SystemExit) as e:
+        evaluate.main([str(a) for a in argv])
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg and re.search(match, msg), msg
+    return msg
+
+
+def tree(root):
+    """Everything under root: to show that a refused command changed nothing."""
+    return {str(p): p.read_bytes() if p.is_file() else None for p in sorted(Path(root).rglob("*"))}
+
+
+DEV_LOG = [{"epoch": 1, "step": 10, "metric": "mrr", "value": 0.31}, {"epoch": 2, "step": 20, "metric": "mrr", "value": 0.42}]
+
+
+def test_a_run_folder_means_its_best_checkpoint_else_its_last(trained, lp_root, tmp_path):
+    folder = tmp_path / "runs" / "umls-tiny"
+    save_like(folder / "ckpt.safetensors", trained, epoch=3, step=30)  # an older train.py: no dtype, no dev log
+    common = ["--lp", "--data-dir", lp_root, "--ckpt", folder, "--limit", 2]
+    last = run_cli(*common, "--out", tmp_path / "last.json")
+    assert last["ckpt"] == str(folder / "ckpt.safetensors")
+    assert last["train"] == {"epochs": 3, "steps": 30, "dtype": None, "wall_s": None, "dev": None, "best_epoch": None}
+    save_like(folder / "best.safetensors", trained, epoch=2, step=20, dtype="bf16", train_wall_s=12.5, dev=DEV_LOG,
+              best_epoch=2, text_file="entity2text.txt")
+    evaluate.main([str(a) for a in common])  # no --out: beside the checkpoint, named after it
+    best = json.loads((folder / "eval-umls-best-lp-test-limit2-seed0.json").read_text())
+    assert best["ckpt"] == str(folder / "best.safetensors") and best["data"] == "umls"
+    assert best["train"] == {"epochs": 2, "steps": 20, "dtype": "bf16", "wall_s": 12.5, "dev": DEV_LOG, "best_epoch": 2}
+    assert best["settings"]["text_file"] == "entity2text.txt"
+
+
+def test_data_defaults_to_the_checkpoints_own_dataset(trained, tmp_path):
+    root = write_kg(tmp_path / "d", "WN18RR", TRAIN, DEV, TEST)
+    kg = data.load_kg("wn18rr", root)
+    ckpt = save_like(tmp_path / "wn18rr.safetensors", trained, data="wn18rr", data_fingerprint=kg.fingerprint)
+    assert run_cli("--lp", "--data-dir", root, "--ckpt", ckpt, "--out", tmp_path / "r.json", "--limit", 2)["data"] == "wn18rr"
+    one_line_error(["--lp", "--data", "umls", "--data-dir", root, "--ckpt", ckpt], "was trained on wn18rr, not umls")
+
+
+def test_without_ckpt_the_shipped_adapter_is_evaluated(trained, lp_root, tmp_path, monkeypatch, capsys):
+    weights = tmp_path / "weights"
+    save_like(weights / "palt-umls-minilm.safetensors", trained)
+    monkeypatch.setattr(evaluate.bert, "WEIGHTS", weights)  # what $PALT_WEIGHTS sets when bert.py is imported
+    monkeypatch.chdir(tmp_path)
+    evaluate.main(["--lp", "--data-dir", str(lp_root), "--limit", "2"])  # --data: umls
+    got = json.loads((tmp_path / "results" / "umls-palt-umls-minilm-lp-test-limit2-seed0.json").read_text())
+    assert got["ckpt"] == str(weights / "palt-umls-minilm.safetensors") and got["data"] == "umls"
+    assert [p.name for p in weights.iterdir()] == ["palt-umls-minilm.safetensors"]  # nothing written into weights/
+    evaluate.main(["--predict", "--data-dir", str(lp_root), "apple", "part of"])
+    assert "(apple, part of, ?) over 10 candidates" in capsys.readouterr().out
+    msg = one_line_error(["--lp", "--data", "fb15k-237"], "")
+    assert msg == ("error: no shipped adapter weights/palt-fb15k-237-minilm.safetensors: train one with "
+                   "python train.py --data fb15k-237, then --ckpt runs/fb15k-237-minilm")
+    one_line_error(["--tc"], "no shipped adapter weights/palt-wn11-minilm.safetensors")  # --tc: wn11
+
+
+def test_evaluate_lp_runs_as_typed_and_a_missing_adapter_is_one_line(tmp_path):
+    env = dict(os.environ, PALT_WEIGHTS=str(tmp_path), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "evaluate.py", "--lp"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1] == (f"error: no shipped adapter {tmp_path}/palt-umls-minilm.safetensors: train "
+                                            "one with python train.py --data umls, then --ckpt runs/umls-minilm")
+
+
+def test_a_ckpt_that_is_not_a_palt_checkpoint_is_one_line(tmp_path):
+    from safetensors.torch import save_file
+    run = tmp_path / "run"
+    run.mkdir()
+    save_file({"exp_avg": torch.zeros(2)}, str(run / "state.safetensors"),
+              metadata={"meta": json.dumps({"kind": "train-state", "epoch": 1, "step": 3})})  # train.py's optimizer state
+    (tmp_path / "notes.safetensors").write_text("not a checkpoint")
+    before = tree(tmp_path)
+    one_line_error(["--lp", "--ckpt", run], "a folder without best.safetensors or ckpt.safetensors")
+    one_line_error(["--lp", "--ckpt", run / "state.safetensors"], "not a PALT checkpoint")
+    one_line_error(["--lp", "--ckpt", tmp_path / "notes.safetensors"], "not a PALT checkpoint")
+    one_line_error(["--lp", "--ckpt", tmp_path / "nope"], "no such checkpoint file or run folder")
+    assert tree(tmp_path) == before
+
+# ----------------------------------------------------------------------------- nothing lost, no traceback
+
+
+@pytest.mark.parametrize("flag,value", [("--limit", 0), ("--limit", "ten"), ("--topk", 0), ("--tokens", 0),
+                                        ("--block-rows", -1), ("--max-seq-length", 0), ("--save-every", 0),
+                                        ("--save-every", "nan"), ("--seed", -1), ("--stop-after-queries", 0)])
+def test_a_bad_number_is_one_argparse_line_before_anything_loads(flag, value, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--lp", flag, str(value)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[0].startswith("usage:") and len([l for l in err if "error:" in l]) == 1
+    assert re.search(f"error: (argument )?{flag}", err[-1]) and "Traceback" not in "".join(err)
+    assert not any(tmp_path.iterdir())
+
+
+def test_outputs_are_checked_writable_before_the_model_loads(trained, lp_root, tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluate, "load_model", lambda *a: pytest.fail("the model was loaded"))
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "folder.json").mkdir()
+    (tmp_path / "r.state").write_text("not the ranking state folder")
+    before = tree(tmp_path)
+    common = ["--lp", "--data-dir", lp_root, "--ckpt", trained[0], "--out"]
+    one_line_error(common + [tmp_path / "a_file" / "x.json"], "^error: --out .*a_file/x.json: .*a_file is not a folder$")
+    one_line_error(common + [tmp_path / "a_file" / "deeper" / "x.json"], "a_file is not a folder")  # fails for root too
+    one_line_error(common + [tmp_path / "folder.json"], "folder.json is a folder; give the path of a file")
+    one_line_error(common + [tmp_path / "r.json"], "its ranking state: .*r.state is not a folder")
+    assert tree(tmp_path) == before
+
+
+def stopped_state(common, tmp_path):
+    """Run until 1 query is done and saved; the state file it left."""
+    with pytest.raises(SystemExit, match="stopped after"):
+        evaluate.main([str(a) for a in common] + ["--stop-after-queries", "1"])
+    [f] = (tmp_path / "r.state").glob("*.npz")
+    return f
+
+
+def npz(**arrays):
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def test_a_damaged_ranking_state_is_one_line_and_left_alone(lp_root, tiny_bert, tmp_path):
+    common = ["--lp", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 20, "--out", tmp_path / "r.json"]
+    f = stopped_state(common, tmp_path)
+    good = f.read_bytes()
+    for damaged, why in [(good[:len(good) // 2], "BadZipFile"), (b"", "EOFError"), (b"not a zip", "pickled objects"),
+                         (npz(rows=np.array([[None] * 6], dtype=object)), "pickled objects"),
+                         (npz(rows=np.zeros((2, 5), np.int64)), r"shape \(2, 5\)"),
+                         (npz(other=np.zeros((2, 6), np.int64)), "KeyError"),
+                         (npz(rows=np.full((1, 6), 99)), "outside the test set")]:
+        f.write_bytes(damaged)
+        one_line_error(common, f"^error: {re.escape(str(f))}: damaged ranking state .*{why}.*; delete it "
+                               f"\\(or the folder {re.escape(str(f.parent))}\\) to start over$")
+        assert f.read_bytes() == damaged
+    f.write_bytes(good)
+    assert run_cli(*common)["counts"]["resumed_queries"] == 2  # the intact state resumes
+
+
+def test_a_failed_save_keeps_the_previous_file_and_says_where_to_resume(lp_root, tiny_bert, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "r.json"
+    common = ["--lp", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 20, "--out", out]
+    f = stopped_state(common, tmp_path)
+    saved = f.read_bytes()
+
+    def full_disk(file, **arrays):
+        file.write(b"PK half a file")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(evaluate.np, "savez", full_disk)
+        one_line_error(common + ["--stop-after-queries", 1], f"cannot save the ranking state {re.escape(str(f))} "
+                       r"\(No space left on device\); the previous save is kept: make room, and the same command "
+                       f"resumes from {re.escape(str(f.parent))}$")
+    assert f.read_bytes() == saved and [p.name for p in f.parent.iterdir()] == [f.name]  # no .tmp left
+
+    out.write_text("older results\n")
+    real_replace = os.replace
+    def json_disk_full(src, dst):
+        if str(dst).endswith(".json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.setattr(evaluate.os, "replace", json_disk_full)
+        one_line_error(common, f"cannot write {re.escape(str(out))} .*the previous file is kept, and the ranks stay "
+                               f"saved in {re.escape(str(f.parent))}")
+    assert "filtered, realistic ranks" in capsys.readouterr().out  # the metrics were shown all the same
+    assert out.read_text() == "older results\n" and sorted(p.name for p in tmp_path.glob("r.*")) == ["r.json", "r.state"]
+    got = run_cli(*common)  # finishes from the saved ranks, scoring nothing
+    assert got["counts"]["resumed_queries"] == got["counts"]["queries"] and not (tmp_path / "r.state").exists()

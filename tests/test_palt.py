@@ -101,7 +101,8 @@ def test_checkpoint_roundtrip_and_wrong_base(base, tmp_path):
         for p in (palt.prompts, palt.W_p.weight, palt.calib["3"].weight):
             p.add_(torch.randn_like(p) * 0.05)
     x = batch((2, 1, 3))
-    meta = {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls", "data_fingerprint": "f"}
+    meta = {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls", "data_fingerprint": "f",
+            "text": "name", "prompts": [2, 1, 3], "max_seq_length": 64}
     save_checkpoint(tmp_path / "c.safetensors", palt, meta)
     back, back_meta, _ = load_checkpoint(tmp_path / "c.safetensors")
     with torch.no_grad():

@@ -1,0 +1,144 @@
+"""Benchmark (prints figures; not a test): training throughput of train.py's step, today's loop against the new default.
+
+The step is built the way train.py builds it: PALT on MiniLM with the README recipe (prompts 2,0,0, negatives
+1,1,1 from data.NegativeSampler, 32 positives + 96 negatives per step, max_seq_length 192), build_batch,
+cross-entropy on fp32 logits (label 0 = positive, 1 = negative), clip_grad_norm_ 1.0, AdamW with a decay and a
+no-decay group. Variants, alternated inside every round (other work on a shared machine slows whichever runs
+beside it), best of --repeat rounds of --steps steps each:
+
+  a  today      fp32 eager, plain shuffled order (train.epoch_order with pool_steps=0)
+  b  new        the resolved 'auto' dtype (bf16 autocast on CUDA and native-bf16 CPUs) + length-bucketed order
+  c  finetune   --finetune (all LM weights train, no PALT part) with b's dtype and order
+  d  bf16 only  b's dtype, plain order          e  bucket only  fp32, bucketed order
+
+    python bench/bench_train.py                          # umls and wn11, about 3-5 minutes on 2 cores
+    python bench/bench_train.py --data wn11 --steps 4 --repeat 2
+"""
+import argparse, os, sys, time
+from pathlib import Path
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bert, data, palt, train  # noqa: E402
+
+PROMPTS, NEGATIVES, BATCH, MAX_SEQ = (2, 0, 0), (1, 1, 1), 32, 192
+PALT_CFG = palt.PaltConfig(prompts=PROMPTS)
+FINETUNE_CFG = palt.PaltConfig(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, finetune=True)
+LR = {"palt": 1e-3, "finetune": 5e-5}  # the README's PALT rate; a finetuning rate (speed does not depend on it)
+
+
+def optimizer(model, device):
+    """train.py's AdamW: weight decay on matrices only; fused only on CUDA, as there."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.01},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda"), params
+
+
+def train_steps(model, opt, params, kg, enc, neg, steps, prompts, dtype, device):
+    """train.py's inner loop over `steps` (n, 32) positive indices; returns the seconds it took."""
+    labels = torch.cat([torch.zeros(BATCH), torch.ones(BATCH * sum(NEGATIVES))]).long().to(device)
+    t = time.perf_counter()
+    for idx in steps:
+        triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
+        batch = {k: v.to(device, non_blocking=True) for k, v in data.build_batch(enc, triples, prompts, MAX_SEQ).items()}
+        with bert.autocast(dtype, device):
+            logits = model(**batch)
+        loss = F.cross_entropy(logits.float(), labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()  # train.py logs every step's loss (on a GPU this waits for the step)
+    return time.perf_counter() - t
+
+
+def representative(order, keys, n):
+    """n steps of an epoch order whose padded sizes are spread like the whole epoch's: the steps at the n
+    quantiles of padded tokens. A few consecutive steps of a bucketed epoch would all come from one length pool
+    and be much faster or slower than its average."""
+    padded = keys[order].max(1)
+    by_size = np.argsort(padded, kind="stable")
+    return np.sort(by_size[((np.arange(n) + 0.5) * len(order) / n).astype(int)])
+
+
+def bench(name, args, models, device, auto):
+    kg = data.load_kg(name, args.data_dir)
+    enc = data.encode(kg, models["palt"][1].tokenizer)
+    neg = data.NegativeSampler(kg, *NEGATIVES, seed=42).negatives(0)  # (N, 3, 3); once an epoch in train.py: not timed
+    rows = np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3)
+    lengths = {p: data.seq_lengths(enc, rows, p, MAX_SEQ).reshape(len(kg.train), -1) for p in (PROMPTS, (0, 0, 0))}
+    keys = {p: l.max(1) for p, l in lengths.items()}  # a positive's longest sequence among itself and its negatives
+    # (name, model, dtype, pool_steps): 100 is train.epoch_order's default pool, 0 a plain shuffle
+    variants = [("a today: fp32, shuffled", "palt", "fp32", 0), (f"b new: {auto}, bucketed", "palt", auto, 100),
+                (f"c finetune: {auto}, bucketed", "finetune", auto, 100)]
+    if not args.no_split:
+        variants += [(f"d {auto} only, shuffled", "palt", auto, 0), ("e bucketing only, fp32", "palt", "fp32", 100)]
+    plans = {}
+    for v, m, dtype, pool in variants:
+        p = PROMPTS if m == "palt" else (0, 0, 0)
+        order = train.epoch_order(keys[p], BATCH, 0, 42, pool_steps=pool)
+        steps = order[representative(order, keys[p], args.steps)]
+        epoch_real, epoch_padded = lengths[p][order].sum(), (keys[p][order].max(1) * BATCH * (1 + sum(NEGATIVES))).sum()
+        plans[v] = dict(model=m, dtype=dtype, prompts=p, steps=steps, real=int(lengths[p][steps].sum()),
+                        padded=int((keys[p][steps].max(1) * BATCH * (1 + sum(NEGATIVES))).sum()),
+                        epoch_pad=epoch_padded / epoch_real, times=[])
+    seqs = args.steps * BATCH * (1 + sum(NEGATIVES))
+    for _ in range(args.repeat):
+        for v, plan in plans.items():
+            model, _, opt, params = models[plan["model"]]
+            plan["times"].append(train_steps(model, opt, params, kg, enc, neg, plan["steps"], plan["prompts"],
+                                             plan["dtype"], device))
+    print(f"\n{name}: {len(kg.train):,} train positives, {len(kg.train) // BATCH} steps an epoch; {args.steps} steps x "
+          f"{BATCH}+{BATCH * sum(NEGATIVES)} sequences, best of {args.repeat} (steps at the quantiles of padded size)")
+    print(f"{'':32} {'seq/s':>7} {'real tok/s':>10} {'padded/real':>11} {'(epoch)':>8} {'s/step':>7}")
+    rate = {}
+    for v, plan in plans.items():
+        t = min(plan["times"])
+        rate[v] = seqs / t
+        print(f"{v:32} {seqs / t:7.0f} {plan['real'] / t:10,.0f} {plan['padded'] / plan['real']:11.2f} "
+              f"{plan['epoch_pad']:8.2f} {t / args.steps:7.3f}")
+    a, b, c = (rate[v[0]] for v in variants[:3])
+    print(f"new default / today: x{b / a:.2f} seq/s (goal >= 2.5)   PALT / finetune at {auto}, bucketed: "
+          f"x{b / c:.2f} (goal >= 1.4; finetune rows are 2 prompt tokens shorter)")
+    if not args.no_split:
+        d, e = (rate[v[0]] for v in variants[3:])
+        print(f"separately: {auto} alone x{d / a:.2f}, bucketing alone x{e / a:.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="umls,wn11", help="comma-separated datasets")
+    ap.add_argument("--data-dir", help="default $PALT_DATA, else data/")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per variant and round")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; the best of each variant is reported")
+    ap.add_argument("--no-split", action="store_true", help="skip d and e (the dtype and order effects alone)")
+    args = ap.parse_args()
+    if not hasattr(train, "epoch_order"):
+        raise SystemExit("error: train.epoch_order is missing (the length-bucketed order): update train.py")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    auto = bert.resolve_dtype("auto", device)
+    models = {}
+    for m, cfg in (("palt", PALT_CFG), ("finetune", FINETUNE_CFG)):
+        torch.manual_seed(0)
+        model, loaded = palt.build_palt("minilm", cfg)
+        model.to(device).train()  # dropout on, as in train.py
+        opt, params = optimizer(model, device)
+        for g in opt.param_groups:
+            g["lr"] = LR[m]
+        models[m] = (model, loaded, opt, params)
+    tunable = {m: palt.param_report(models[m][0])["tunable"] for m in models}
+    cpu = f"cpu, {torch.get_num_threads()} threads, native bf16: {bert.cpu_has_native_bf16()}"
+    print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else cpu}; MiniLM; 'auto' dtype = {auto}; "
+          f"tunable: PALT {tunable['palt']:,}, finetune {tunable['finetune']:,}; load average {os.getloadavg()[0]:.2f} "
+          f"(the machine may be shared: ratios come from alternated rounds, absolute figures may be low)")
+    t0 = time.time()
+    for name in args.data.split(","):
+        bench(name, args, models, device, auto)
+    print(f"\n{time.time() - t0:.0f} s; load average now {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
