@@ -51,6 +51,9 @@ class BertConfig:
         bad = [f.name for f in fields(cls) if not isinstance(getattr(c, f.name), (int, float)) or getattr(c, f.name) < 0]
         if bad:
             raise CheckpointError(f"{path}: {bad[0]} must be a non-negative number, not {getattr(c, bad[0])!r}")
+        if c.num_attention_heads < 1 or c.hidden_size % c.num_attention_heads:
+            raise CheckpointError(f"{path}: hidden_size {c.hidden_size} is not a multiple of num_attention_heads "
+                                  f"{c.num_attention_heads}")
         return c
 
     @classmethod
@@ -152,11 +155,11 @@ class Bert(nn.Module):
 DTYPES = ("auto", "fp32", "bf16")
 
 
-def cpu_has_native_bf16():
+def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
     """True where the CPU has bf16 dot-product instructions (AVX512_BF16 or AMX): there bf16 matmuls run ~3x fp32;
     elsewhere they are emulated and slower than fp32."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = Path(cpuinfo).read_text()
     except OSError:
         return False
     return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16"))

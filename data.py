@@ -479,4 +479,4 @@ if __name__ == "__main__":
         if args.stats:
             stats(args.data_dir, args.model, args.text)
     except DataError as e:
-        raise SystemExit(str(e))
+        raise SystemExit(f"error: {e}")

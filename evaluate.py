@@ -685,6 +685,10 @@ def main(argv=None):
         # everything that can be checked without the model is checked first: a mistake costs seconds, not a load
         shipped = run.ckpt is None and run.model is None
         run, meta = resolve_source(run)
+        n_prompts = sum(int(p) for p in meta["prompts"]) if meta else 0
+        if run.max_seq_length is not None and run.max_seq_length < 4 + n_prompts:
+            raise SystemExit(f"error: --max-seq-length {run.max_seq_length} leaves no room for text: the {n_prompts} "
+                             f"prompt tokens, [CLS] and two [SEP] take {3 + n_prompts}")
         name, _, task = data.dataset(run.data)
         if run.task == "tc" and task != "tc":
             raise SystemExit(f"error: {name} has no labelled dev/test negatives; triple classification needs wn11 or fb13")
@@ -700,6 +704,10 @@ def main(argv=None):
     rank, world, device = init_distributed()
     try:
         model, tokenizer, info = load_model(run, device)
+        positions = model.bert.config.max_position_embeddings
+        if info["max_seq_length"] > positions:
+            raise SystemExit(f"error: --max-seq-length {info['max_seq_length']} exceeds the {positions} positions of "
+                             f"{info['model']}")
         kg = data.load_kg(run.data, run.data_dir, text=info["text"])
         if info["data_fingerprint"] not in (None, kg.fingerprint):
             raise SystemExit(f"error: {run.ckpt} was trained on other {kg.name} files (fingerprint "
@@ -744,6 +752,7 @@ def main(argv=None):
         raise SystemExit(f"error: {e}")
     finally:
         if dist.is_initialized():
+            dist.barrier()  # no rank tears its connections down while another still uses them
             dist.destroy_process_group()
 
 

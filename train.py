@@ -3,7 +3,7 @@
   python train.py --data umls --model minilm --epochs 3
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 """
-import argparse, json, os, tempfile, time
+import argparse, json, math, os, re, tempfile, time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 import numpy as np
@@ -90,6 +90,8 @@ LIMITS = {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "batch"
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # '-1,0,0' and '-1e-3' are values (refused below with their own message), not unknown options
+    ap._negative_number_matcher = re.compile(r"^-\.?\d")
     ap.add_argument("--data", required=True, choices=list(PRESETS), type=str.lower)
     ap.add_argument("--model", default="minilm", help="minilm, bert-base-cased, ..., or a directory")
     ap.add_argument("--data-dir", help="folder holding the datasets (else $PALT_DATA, else data/)")
@@ -118,10 +120,13 @@ def parse_args(argv=None):
             setattr(run, k, v)
     for k, (low, inclusive) in LIMITS.items():
         v = getattr(run, k)
-        if v is not None and not (v >= low if inclusive else v > low):
-            ap.error(f"--{k.replace('_', '-')} must be {'at least' if inclusive else 'more than'} {low}, not {v}")
+        if v is not None and not ((v >= low if inclusive else v > low) and math.isfinite(v)):
+            ap.error(f"--{k.replace('_', '-')} must be {'at least' if inclusive else 'more than'} {low}"
+                     f"{'' if math.isfinite(v) else ' and finite'}, not {v}")
     if run.warmup > 1:
         ap.error(f"--warmup is a fraction of the steps, at most 1, not {run.warmup}")
+    if sum(run.negatives) == 0:
+        ap.error("--negatives 0,0,0 leaves no false triples to learn from: give at least one corruption per positive")
     if run.finetune:  # the paper's Finetuning row: the whole LM, none of PALT's parts
         run.prompts, run.calib, run.no_wp = (0, 0, 0), (), True
     if run.max_seq_length < 4 + sum(run.prompts):
@@ -154,7 +159,7 @@ def epoch_order(keys, per_step, epoch, seed, pool_steps=100):
 
 # what a resumed run must share with the run it continues, or it would not replay exactly
 RUN_KEYS = ("negatives", "batch", "lr", "epochs", "max_steps", "warmup", "weight_decay", "grad_clip", "seed")
-TRAINED_KEYS = ("weights_sha256", "data_fingerprint", "text_file", "prompts", "max_seq_length", "dtype", "palt", *RUN_KEYS)
+TRAINED_KEYS = ("data", "weights_sha256", "data_fingerprint", "text_file", "prompts", "max_seq_length", "dtype", "palt", *RUN_KEYS)
 
 
 def check_output(out, resume):
@@ -334,6 +339,8 @@ def main(run):
         dist.all_gather(copies, flat)
         print0(f"ranks agree: max |difference| of trainable tensors over {world} ranks = "
                f"{max((c - flat).abs().max().item() for c in copies):.3g}")
+        del ddp_model  # DDP's reducer holds gloo work; freed at interpreter exit it can abort the process (SIGABRT)
+        dist.barrier()
         dist.destroy_process_group()
     return model
 

@@ -37,21 +37,20 @@ def optimizer(model, device):
     return torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda"), params
 
 
-def train_steps(model, opt, params, kg, enc, neg, steps, prompts, dtype, device):
-    """train.py's inner loop over `steps` (n, 32) positive indices; returns the seconds it took."""
-    labels = torch.cat([torch.zeros(BATCH), torch.ones(BATCH * sum(NEGATIVES))]).long().to(device)
+def train_step(model, opt, params, kg, enc, neg, idx, prompts, dtype, device):
+    """One step of train.py's inner loop on the positives idx (32,) and their negatives; returns its seconds."""
     t = time.perf_counter()
-    for idx in steps:
-        triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
-        batch = {k: v.to(device, non_blocking=True) for k, v in data.build_batch(enc, triples, prompts, MAX_SEQ).items()}
-        with bert.autocast(dtype, device):
-            logits = model(**batch)
-        loss = F.cross_entropy(logits.float(), labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()  # train.py logs every step's loss (on a GPU this waits for the step)
+    triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
+    labels = torch.cat([torch.zeros(len(idx)), torch.ones(len(idx) * sum(NEGATIVES))]).long().to(device)
+    batch = {k: v.to(device, non_blocking=True) for k, v in data.build_batch(enc, triples, prompts, MAX_SEQ).items()}
+    with bert.autocast(dtype, device):
+        logits = model(**batch)
+    loss = F.cross_entropy(logits.float(), labels)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    loss.item()  # train.py logs every step's loss (on a GPU this waits for the step)
     return time.perf_counter() - t
 
 
@@ -84,28 +83,33 @@ def bench(name, args, models, device, auto):
         epoch_real, epoch_padded = lengths[p][order].sum(), (keys[p][order].max(1) * BATCH * (1 + sum(NEGATIVES))).sum()
         plans[v] = dict(model=m, dtype=dtype, prompts=p, steps=steps, real=int(lengths[p][steps].sum()),
                         padded=int((keys[p][steps].max(1) * BATCH * (1 + sum(NEGATIVES))).sum()),
-                        epoch_pad=epoch_padded / epoch_real, times=[])
+                        epoch_pad=epoch_padded / epoch_real, times=np.zeros((args.repeat, args.steps)))
     seqs = args.steps * BATCH * (1 + sum(NEGATIVES))
-    for _ in range(args.repeat):
-        for v, plan in plans.items():
-            model, _, opt, params = models[plan["model"]]
-            plan["times"].append(train_steps(model, opt, params, kg, enc, neg, plan["steps"], plan["prompts"],
-                                             plan["dtype"], device))
-    print(f"\n{name}: {len(kg.train):,} train positives, {len(kg.train) // BATCH} steps an epoch; {args.steps} steps x "
-          f"{BATCH}+{BATCH * sum(NEGATIVES)} sequences, best of {args.repeat} (steps at the quantiles of padded size)")
+    # alternate the variants step by step: a burst of other work on a shared machine hits them all alike; a step
+    # takes the same work in every round, so its best round is its time on a quiet machine
+    for r in range(args.repeat):
+        for i in range(args.steps):
+            for plan in plans.values():
+                model, _, opt, params = models[plan["model"]]
+                plan["times"][r, i] = train_step(model, opt, params, kg, enc, neg, plan["steps"][i], plan["prompts"],
+                                                 plan["dtype"], device)
+    print(f"\n{name}: {len(kg.train):,} train positives, {len(kg.train) // BATCH} steps an epoch; {args.steps} steps "
+          f"(at the quantiles of padded size) x {BATCH}+{BATCH * sum(NEGATIVES)} sequences, each step's best of "
+          f"{args.repeat} rounds")
     print(f"{'':32} {'seq/s':>7} {'real tok/s':>10} {'padded/real':>11} {'(epoch)':>8} {'s/step':>7}")
-    rate = {}
+    rate, tok = {}, {}
     for v, plan in plans.items():
-        t = min(plan["times"])
-        rate[v] = seqs / t
+        t = plan["times"].min(0).sum()
+        rate[v], tok[v] = seqs / t, plan["real"] / t
         print(f"{v:32} {seqs / t:7.0f} {plan['real'] / t:10,.0f} {plan['padded'] / plan['real']:11.2f} "
               f"{plan['epoch_pad']:8.2f} {t / args.steps:7.3f}")
-    a, b, c = (rate[v[0]] for v in variants[:3])
-    print(f"new default / today: x{b / a:.2f} seq/s (goal >= 2.5)   PALT / finetune at {auto}, bucketed: "
-          f"x{b / c:.2f} (goal >= 1.4; finetune rows are 2 prompt tokens shorter)")
+    a, b, c = (v[0] for v in variants[:3])
+    print(f"new default / today: x{rate[b] / rate[a]:.2f} seq/s (goal >= 2.5)")
+    print(f"PALT / finetune at {auto}, bucketed: x{rate[b] / rate[c]:.2f} seq/s, x{tok[b] / tok[c]:.2f} real tok/s "
+          f"(goal >= 1.4; finetune rows lack the 2 prompt tokens)")
     if not args.no_split:
         d, e = (rate[v[0]] for v in variants[3:])
-        print(f"separately: {auto} alone x{d / a:.2f}, bucketing alone x{e / a:.2f}")
+        print(f"separately: {auto} alone x{d / rate[a]:.2f}, bucketing alone x{e / rate[a]:.2f}")
 
 
 def main():
@@ -113,9 +117,13 @@ def main():
     ap.add_argument("--data", default="umls,wn11", help="comma-separated datasets")
     ap.add_argument("--data-dir", help="default $PALT_DATA, else data/")
     ap.add_argument("--steps", type=int, default=8, help="timed steps per variant and round")
-    ap.add_argument("--repeat", type=int, default=3, help="rounds; the best of each variant is reported")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds (>= 2: the first warms up); each step's best is kept")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core); 1 suffers less "
+                    "from other work on a shared machine")
     ap.add_argument("--no-split", action="store_true", help="skip d and e (the dtype and order effects alone)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if not hasattr(train, "epoch_order"):
         raise SystemExit("error: train.epoch_order is missing (the length-bucketed order): update train.py")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -133,7 +141,7 @@ def main():
     cpu = f"cpu, {torch.get_num_threads()} threads, native bf16: {bert.cpu_has_native_bf16()}"
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else cpu}; MiniLM; 'auto' dtype = {auto}; "
           f"tunable: PALT {tunable['palt']:,}, finetune {tunable['finetune']:,}; load average {os.getloadavg()[0]:.2f} "
-          f"(the machine may be shared: ratios come from alternated rounds, absolute figures may be low)")
+          f"(the machine may be shared: ratios come from alternated steps, absolute figures may be low)")
     t0 = time.time()
     for name in args.data.split(","):
         bench(name, args, models, device, auto)

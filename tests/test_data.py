@@ -382,7 +382,7 @@ def test_stats_cli_prints_counts_and_reports_bad_files_in_one_line(tmp_path):
     write_kg(tmp_path / "d", "WN11", TC_FILES, test_tsv="a\tr1\tc\t2\n")
     r = run()
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert r.stderr.strip() == f"{tmp_path / 'd' / 'WN11' / 'test.tsv'}:1: label must be 1 or -1, got '2'"
+    assert r.stderr.strip() == f"error: {tmp_path / 'd' / 'WN11' / 'test.tsv'}:1: label must be 1 or -1, got '2'"
 
 
 def test_stats_without_any_dataset_says_so(tmp_path):
