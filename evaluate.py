@@ -18,7 +18,7 @@ A --limit estimate carries a 95% bootstrap interval. --data defaults to the chec
 Ends with one markdown row:  --lp  | data | model | ckpt | MR | MRR | H@1 | H@3 | H@10 |
                              --tc  | data | model | ckpt | dev acc | test acc |
 """
-import argparse, hashlib, json, os, sys, tempfile, time, zipfile
+import argparse, hashlib, json, os, sys, time, zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np
@@ -209,40 +209,6 @@ def rank_queries(score, lpq, tri, queries, block, skip=None):
         yield qs, np.concatenate([np.stack([pair_tri[sel], pair_side[sel]], 1), ranks], 1)
 
 
-def write_atomic(path, write):
-    """write(f) into path.tmp, then rename it over path: a kill or a full disk keeps the previous file. An OSError
-    comes out after the .tmp is removed."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # the first error is the one to report
-        raise
-
-
-def check_writable(folder, what):
-    """Fail now, in one line, not after hours of scoring: files must be creatable in `folder`, or in the nearest
-    existing folder above it (folders are made only when something is written)."""
-    folder = Path(folder)
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise SystemExit(f"error: {what}: {folder} is not a folder")
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".palt-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise SystemExit(f"error: {what}: cannot write in {folder} ({e.strerror or e})") from None
-
-
 def read_rows(path, n_triples):
     """The (n, 6) rows saved in one state file, or one line naming it: never a traceback, never a pickle."""
     try:
@@ -282,7 +248,7 @@ class State:
     def save(self):
         rows = np.concatenate(self.mine or [np.zeros((0, 6), np.int64)])
         try:
-            write_atomic(self.path, lambda f: np.savez(f, rows=rows))
+            palt.write_atomic(self.path, lambda f: np.savez(f, rows=rows))
         except OSError as e:
             raise SystemExit(f"error: cannot save the ranking state {self.path} ({e.strerror or e}); the previous "
                              f"save is kept: make room, and the same command resumes from {self.folder}") from None
@@ -525,14 +491,6 @@ def checkpoint_file(path):
     return p
 
 
-def shown(path):
-    """A path as the user would type it: relative to the working folder where it lies below it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def resolve_source(run):
     """(run with its checkpoint file and dataset filled in, the checkpoint's metadata, or None for zero-shot).
     Reads only the checkpoint's metadata, so that every mistake in the command line surfaces before the model
@@ -545,11 +503,9 @@ def resolve_source(run):
         name = data.dataset(run.data or DEFAULT_DATA[run.task])[0]
         ckpt = bert.WEIGHTS / f"palt-{name}-minilm.safetensors"
         if not ckpt.is_file():
-            raise SystemExit(f"error: no shipped adapter {shown(ckpt)}: train one with python train.py --data {name}, "
+            raise SystemExit(f"error: no shipped adapter {ckpt}: train one with python train.py --data {name}, "
                              f"then --ckpt runs/{name}-minilm")
     _, meta = palt.read_checkpoint(ckpt)
-    if not isinstance(meta, dict) or not isinstance(meta.get("data"), str) or not isinstance(meta.get("text"), str):
-        raise bert.CheckpointError(f"{ckpt}: not a PALT checkpoint (no dataset or text in its metadata)")
     if run.data and data.dataset(meta["data"])[0] != data.dataset(run.data)[0]:
         raise SystemExit(f"error: {ckpt} was trained on {meta['data']}, not {run.data}")
     if run.text not in (None, meta["text"]):
@@ -696,9 +652,9 @@ def main(argv=None):
         if out and out.is_dir():
             raise SystemExit(f"error: --out {out} is a folder; give the path of a file")
         if out:
-            check_writable(out.parent, f"--out {out}")
+            palt.check_writable(out.parent, f"--out {out}")
         if out and run.task == "lp":  # the resumable ranking state
-            check_writable(out.with_suffix(".state"), f"--out {out}: its ranking state")
+            palt.check_writable(out.with_suffix(".state"), f"--out {out}: its ranking state")
     except (data.DataError, bert.CheckpointError) as e:
         raise SystemExit(f"error: {e}")
     rank, world, device = init_distributed()
@@ -739,7 +695,7 @@ def main(argv=None):
             row += [f"{result['metrics']['dev_accuracy']:.4f}", f"{result['metrics']['test_accuracy']:.4f}"]
         text = json.dumps(result, indent=1) + "\n"
         try:
-            write_atomic(out, lambda f: f.write(text.encode()))
+            palt.write_atomic(out, lambda f: f.write(text.encode()))
         except OSError as e:
             keep = (f"the ranks stay saved in {state.folder}: make room, and the same command writes the results "
                     "without scoring again") if state else "the metrics are printed above"

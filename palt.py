@@ -5,13 +5,13 @@
   Eq. 2        h' = W_c h + b_c + h   after the attention sublayer of chosen layers  (knowledge calibration)
 W_p and W_c start at zero, so an untrained PALT without prompts computes exactly what BERT computes.
 """
-import json, os
+import json, os, tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 import torch
 import torch.nn as nn
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from bert import CheckpointError, attention_mask_bias, load_bert
 
@@ -117,16 +117,37 @@ def palt_meta(model):
 
 
 def save_atomic(path, tensors, meta):
-    """Write safetensors to path.tmp, then rename: a run killed (or a disk that fills) while saving keeps the
-    previous file. OSError (disk full, permissions) comes out after the .tmp is removed."""
-    path, tmp = Path(path), Path(str(path) + ".tmp")
+    write_atomic(path, lambda f: f.write(save({n: t.contiguous() for n, t in tensors.items()},
+                                              metadata={"meta": json.dumps(meta)})))
+
+
+def write_atomic(path, write):
+    """write(f) into path.tmp, then rename it over path: a kill, or a disk that fills, keeps the previous file.
+    An OSError (disk full, permissions) comes out after the .tmp is removed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta)})
+        with open(tmp, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def check_writable(folder, what):
+    """Fail now, in one line, not after hours of work: files must be creatable in `folder`, or in the nearest
+    existing folder above it (folders are made only when something is written)."""
+    folder = Path(folder)
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SystemExit(f"error: {what}: {folder} is not a folder")
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise SystemExit(f"error: {what}: cannot write in {folder} ({e.strerror or e})") from None
 
 
 CHECKPOINT_KEYS = ("model", "weights_sha256", "data", "data_fingerprint", "text", "prompts", "max_seq_length", "palt")

@@ -3,7 +3,7 @@
   python train.py --data umls --model minilm --epochs 3
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 """
-import argparse, json, math, os, re, tempfile, time
+import argparse, json, math, os, re, time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 import numpy as np
@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bert import DTYPES, CheckpointError, autocast, resolve_dtype
 from data import DataError, NegativeSampler, build_batch, encode, load_kg, seq_lengths
-from palt import (ConfigError, PaltConfig, build_palt, palt_meta, param_report, read_checkpoint, save_atomic,
+from palt import (ConfigError, PaltConfig, build_palt, check_writable, palt_meta, param_report, read_checkpoint, save_atomic,
                   trainable_state)
 
 # The paper's appendix (BERT-base). batch = positives per optimizer step over all ranks, each with its negatives.
@@ -166,14 +166,7 @@ def check_output(out, resume):
     """Before anything loads: --out must be writable, and a run never overwrites a checkpoint it does not resume.
     Returns the resume state's metadata, or None for a fresh start."""
     state = out / "state.safetensors"
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --out {out} is a file, not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        raise SystemExit(f"error: --out {out} is not writable ({e.strerror})")
+    check_writable(out, f"--out {out}")
     trained = [f.name for f in (out / "ckpt.safetensors", out / "best.safetensors", state) if f.exists()]
     if not resume:
         if trained:
@@ -261,6 +254,8 @@ def main(run):
         print0(f"resumed from {out}/state.safetensors: epoch {history['epoch']}, step {history['step']}")
     elif run.resume:
         print0(f"--resume: no checkpoint in {out} yet, starting from scratch")
+    if master_process:
+        out.mkdir(parents=True, exist_ok=True)
     log = open(out / "log.txt", "a") if master_process else None
 
     def log0(line):
