@@ -388,9 +388,9 @@ def test_without_ckpt_the_shipped_adapter_is_evaluated(trained, lp_root, tmp_pat
     evaluate.main(["--predict", "--data-dir", str(lp_root), "apple", "part of"])
     assert "(apple, part of, ?) over 10 candidates" in capsys.readouterr().out
     msg = one_line_error(["--lp", "--data", "fb15k-237"], "")
-    assert msg == ("error: no shipped adapter weights/palt-fb15k-237-minilm.safetensors: train one with "
+    assert msg == (f"error: no shipped adapter {weights}/palt-fb15k-237-minilm.safetensors: train one with "
                    "python train.py --data fb15k-237, then --ckpt runs/fb15k-237-minilm")
-    one_line_error(["--tc"], "no shipped adapter weights/palt-wn11-minilm.safetensors")  # --tc: wn11
+    one_line_error(["--tc"], "weights/palt-wn11-minilm.safetensors: train one with")  # --tc: wn11
 
 
 def test_evaluate_lp_runs_as_typed_and_a_missing_adapter_is_one_line(tmp_path):
