@@ -13,6 +13,7 @@ beside it), best of --repeat rounds of --steps steps each:
 
     python bench/bench_train.py                          # umls and wn11, about 3-5 minutes on 2 cores
     python bench/bench_train.py --data wn11 --steps 4 --repeat 2
+    python bench/bench_train.py --padding --data umls,wn11,fb13     # padded/real tokens of an epoch, no timing
 """
 import argparse, os, sys, time
 from pathlib import Path
@@ -61,6 +62,25 @@ def representative(order, keys, n):
     padded = keys[order].max(1)
     by_size = np.argsort(padded, kind="stable")
     return np.sort(by_size[((np.arange(n) + 0.5) * len(order) / n).astype(int)])
+
+
+def padding(names, data_dir):
+    """Padded / real tokens of one epoch's training steps (README recipe), plain shuffle vs length-bucketed order;
+    numpy only, no model runs (so fb13 too)."""
+    tok = bert.load_tokenizer(bert.resolve_model("minilm"))
+    print(f"{'':6} {'real tok/seq':>12} {'shuffled: padded/seq':>21} {'padded/real':>11} {'bucketed: padded/seq':>21} "
+          f"{'padded/real':>11}")
+    for name in names:
+        kg = data.load_kg(name, data_dir)
+        neg = data.NegativeSampler(kg, *NEGATIVES, seed=42).negatives(0)
+        rows = np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3)
+        lengths = data.seq_lengths(data.encode(kg, tok), rows, PROMPTS, MAX_SEQ).reshape(len(kg.train), -1)
+        cells = []
+        for pool in (0, 100):
+            order = train.epoch_order(lengths.max(1), BATCH, 0, 42, pool_steps=pool)
+            real, padded = lengths[order].sum(), lengths[order].max((1, 2)).sum() * lengths.shape[1] * BATCH
+            cells.append(f"{padded / order.size / lengths.shape[1]:21.1f} {padded / real:11.2f}")
+        print(f"{name:6} {lengths.mean():12.1f} " + " ".join(cells))
 
 
 def bench(name, args, models, device, auto):
@@ -121,7 +141,11 @@ def main():
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core); 1 suffers less "
                     "from other work on a shared machine")
     ap.add_argument("--no-split", action="store_true", help="skip d and e (the dtype and order effects alone)")
+    ap.add_argument("--padding", action="store_true", help="only the padding of one epoch, shuffled vs bucketed "
+                    "(no timing; fast, so fb13 too: --data umls,wn11,fb13)")
     args = ap.parse_args()
+    if args.padding:
+        return padding(args.data.split(","), args.data_dir)
     if args.threads:
         torch.set_num_threads(args.threads)
     if not hasattr(train, "epoch_order"):
