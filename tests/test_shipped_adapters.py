@@ -1,0 +1,54 @@
+"""The adapters shipped in weights/ are what weights/README.md says: each loads strictly on the base model it was
+trained on (its recorded sha256), and reproduces the metrics stored in its results JSON (results/<same name>.json)
+on a part of the data cheap enough for CI. Real MiniLM, real data (../shared/data or $PALT_DATA)."""
+import json, os
+from pathlib import Path
+import numpy as np
+import pytest
+import torch
+
+import bert, data, evaluate, palt
+
+ROOT = Path(__file__).resolve().parents[1]
+ADAPTERS = {name: ROOT / "weights" / f"palt-{name}-minilm.safetensors" for name in ("umls", "wn11", "fb13")}
+DATA = os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data")
+
+
+def shipped(name):
+    path, result = ADAPTERS[name], ROOT / "results" / f"palt-{name}-minilm.json"
+    assert path.is_file() and path.stat().st_size < 8 * 2**20, f"{path}: missing, or over 8 MB"
+    assert result.is_file(), f"{result}: the evaluation of {path.name} is missing"
+    if not Path(DATA, data.DATASETS[name][0]).is_dir():
+        pytest.skip(f"no {name} data in {DATA}")
+    model, meta, loaded = palt.load_checkpoint(path)  # strict: the sha256 of the base model, every tensor's shape
+    assert meta["data"] == name and loaded.weights_sha256 == meta["weights_sha256"]
+    kg = data.load_kg(name, DATA, meta["text"])
+    assert kg.fingerprint == meta["data_fingerprint"]  # trained on these very files
+    result = json.loads(result.read_text())
+    assert result["train"] == evaluate.train_summary(meta) and meta["dev"]  # the JSON evaluates this training run
+    return model.eval(), meta, data.encode(kg, loaded.tokenizer), kg, result
+
+
+@pytest.mark.parametrize("name", ["wn11", "fb13"])
+def test_a_triple_classification_adapter_reproduces_its_dev_accuracy(name):
+    model, meta, enc, kg, result = shipped(name)
+    dtype = result["settings"]["dtype"]
+    scores = evaluate.score_triples(model, enc, kg.dev, meta["prompts"], meta["max_seq_length"], "cpu", dtype=dtype)
+    _, acc = evaluate.best_threshold(scores, kg.dev_labels)
+    # the whole dev set, re-scored: a borderline triple or two may flip with the thread count (1 in 5,218 = 0.0002)
+    assert acc == pytest.approx(result["metrics"]["dev_accuracy"], abs=0.001)
+
+
+def test_the_link_prediction_adapter_reproduces_its_estimate_and_agrees_with_its_full_ranking():
+    model, meta, enc, kg, result = shipped("umls")
+    full = result["metrics"]["filtered"]["both"]["realistic"]
+    assert not result["estimate"] and result["counts"]["ranked_triples"] == len(kg.test)
+    # `python evaluate.py --lp --limit 60` (the README's one-minute path) wrote this estimate
+    stored = json.loads((ROOT / "results" / "umls-palt-umls-minilm-lp-test-limit60-seed0.json").read_text())["metrics"]
+    sample = evaluate.rank_split(model, kg, enc, "test", meta["prompts"], meta["max_seq_length"], "cpu", limit=60,
+                                 seed=0, dtype=result["settings"]["dtype"])
+    est = stored["filtered"]["both"]["realistic"]
+    for k in ("mrr", "hits@1", "hits@10"):  # the same 60 triples: the same ranks, up to a rare bf16 flip
+        assert sample[k] == pytest.approx(est[k], abs=0.01), k
+    lo, hi = stored["interval95"]["mrr"]
+    assert lo <= full["mrr"] <= hi  # and the full test set's MRR lies inside the estimate's 95% interval
