@@ -121,3 +121,24 @@ def test_a_trained_checkpoint_is_never_overwritten(setup, tmp_path):
     again = run([sys.executable, "train.py", *args(setup, tmp_path, "--epochs", "1")])
     assert again.returncode != 0 and "exists: --resume to continue it" in again.stderr and "Traceback" not in again.stderr
     assert (tmp_path / "ckpt.safetensors").read_bytes() == before
+
+
+def test_a_failed_save_keeps_the_last_epoch_and_says_how_to_resume(setup, tmp_path, monkeypatch):
+    import errno
+    real, calls = train.save_atomic, []
+
+    def disk_full_in_epoch_2(path, tensors, meta):
+        calls.append(path.name)
+        if meta["epoch"] == 2 and path.name == "ckpt.safetensors":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, tensors, meta)
+
+    monkeypatch.setattr(train, "save_atomic", disk_full_in_epoch_2)
+    with pytest.raises(SystemExit, match=r"cannot write .*ckpt.safetensors \(No space left on device\); the previous "
+                                         r"file is kept: fix that and run again with --resume to continue after epoch 1"):
+        train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32")))
+    state = load_file(tmp_path / "state.safetensors")  # the resume unit still says epoch 1, and --resume finishes
+    monkeypatch.setattr(train, "save_atomic", real)
+    model = train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32", "--resume")))
+    assert "model.prompts" in state and calls.count("state.safetensors") == 1
+    assert not torch.equal(state["model.prompts"], model.prompts.detach())  # epoch 2 trained after the resume
