@@ -505,7 +505,7 @@ def resolve_source(run):
         if not ckpt.is_file():
             raise SystemExit(f"error: no shipped adapter {ckpt}: train one with python train.py --data {name}, "
                              f"then --ckpt runs/{name}-minilm")
-    _, meta = palt.read_checkpoint(ckpt)
+    _, meta = palt.read_checkpoint(ckpt, tensors=False)  # the tensors load once, with the model
     if run.data and data.dataset(meta["data"])[0] != data.dataset(run.data)[0]:
         raise SystemExit(f"error: {ckpt} was trained on {meta['data']}, not {run.data}")
     if run.text not in (None, meta["text"]):

@@ -153,12 +153,13 @@ def check_writable(folder, what):
 CHECKPOINT_KEYS = ("model", "weights_sha256", "data", "data_fingerprint", "text", "prompts", "max_seq_length", "palt")
 
 
-def read_checkpoint(path, kind="checkpoint"):
-    """(tensors, meta) of a PALT checkpoint (kind 'checkpoint') or of train.py's resume state (kind 'train-state')."""
+def read_checkpoint(path, kind="checkpoint", tensors=True):
+    """(tensors, meta) of a PALT checkpoint (kind 'checkpoint') or of train.py's resume state (kind 'train-state');
+    tensors=False reads the metadata alone ({} for the tensors): the checks made before anything loads."""
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["meta"])
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
     except PermissionError:

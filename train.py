@@ -177,7 +177,7 @@ def check_output(out, resume):
             raise SystemExit(f"error: {out}/{trained[0]} exists but {state} does not, so the run cannot continue "
                              f"exactly; nothing was changed: choose another --out")
         return None
-    return read_checkpoint(state, kind="train-state")[1]
+    return read_checkpoint(state, kind="train-state", tensors=False)[1]
 
 
 def save_or_exit(path, tensors, meta, epochs_saved):
