@@ -3,7 +3,9 @@
 One training step's gradient of every trainable tensor, computed twice on the same batch (fp32, then bf16
 autocast) and once in fp32 on another batch of the same size. If bf16 changed what training learns, the
 same-batch gap would come near the batch-to-batch gap; if it is far smaller, bf16 acts like (much less) extra
-minibatch noise, and runs under bf16 and fp32 differ as two seeds do. Dropout is off so that only the
+minibatch noise. Unless the error is systematic: the last column compares the bf16 error (bf16 - fp32 gradient)
+of the two batches; errors that point the same way on different batches add up over the steps instead of
+averaging out. Dropout is off so that only the
 arithmetic differs. The batch is train.py's: 32 train positives + their 1+1+1 negatives, prompts 2,0,0.
 
     python bench/bench_precision.py                         # the shipped umls adapter, and a fresh PALT
@@ -36,15 +38,16 @@ def compare(name, model, prompts, tokenizer, args):
     labels = torch.cat([torch.zeros(32), torch.ones(96)]).long()
     cos = lambda x, y: float(x @ y / (x.norm() * y.norm()))
     print(f"{name}")
-    print(f"  {'trial':>5} {'bf16~fp32 cos':>14} {'bf16 rel. error':>16} {'batch~batch cos (fp32)':>23} {'max |margin| diff':>18}")
+    print(f"  {'trial':>5} {'bf16~fp32 cos':>14} {'bf16 rel. error':>16} {'batch~batch cos (fp32)':>23} {'max |margin| diff':>18} {'error~error cos':>16}")
     for trial in range(args.trials):
         a, b = (rng.choice(len(kg.train), 32, replace=False) for _ in range(2))
         batch = lambda idx: data.build_batch(enc, np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)]), prompts, 192)
-        g32, g16, other = (step_grads(model, batch(i), labels, d) for i, d in ((a, "fp32"), (a, "bf16"), (b, "fp32")))
+        g32, g16, other, other16 = (step_grads(model, batch(i), labels, d)
+                                    for i, d in ((a, "fp32"), (a, "bf16"), (b, "fp32"), (b, "bf16")))
         with torch.inference_mode():
             margins = {d: palt.score(_forward(model, batch(a), d)) for d in ("fp32", "bf16")}
         print(f"  {trial:5} {cos(g16, g32):14.5f} {float((g16 - g32).norm() / g32.norm()):16.4f} {cos(other, g32):23.4f} "
-              f"{float((margins['bf16'] - margins['fp32']).abs().max()):18.4f}")
+              f"{float((margins['bf16'] - margins['fp32']).abs().max()):18.4f} {cos(g16 - g32, other16 - other):16.4f}")
 
 
 def _forward(model, batch, dtype):
