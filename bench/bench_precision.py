@@ -5,8 +5,7 @@ autocast) and once in fp32 on another batch of the same size. If bf16 changed wh
 same-batch gap would come near the batch-to-batch gap; if it is far smaller, bf16 acts like (much less) extra
 minibatch noise. Unless the error is systematic: the last column compares the bf16 error (bf16 - fp32 gradient)
 of the two batches; errors that point the same way on different batches add up over the steps instead of
-averaging out. Dropout is off so that only the
-arithmetic differs. The batch is train.py's: 32 train positives + their 1+1+1 negatives, prompts 2,0,0.
+averaging out. Dropout is off so that only the arithmetic differs. The batch is train.py's: 32 train positives + their 1+1+1 negatives, prompts 2,0,0.
 
     python bench/bench_precision.py                         # the shipped umls adapter, and a fresh PALT
     python bench/bench_precision.py --ckpt runs/umls-minilm-clean --trials 5
@@ -21,11 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bert, data, evaluate, palt  # noqa: E402
 
 
+def forward(model, batch, dtype):
+    with bert.autocast(dtype, "cpu"):
+        return model(**batch)
+
+
 def step_grads(model, batch, labels, dtype):
     model.zero_grad(set_to_none=True)
-    with bert.autocast(dtype, "cpu"):
-        logits = model(**batch)
-    F.cross_entropy(logits.float(), labels).backward()
+    F.cross_entropy(forward(model, batch, dtype).float(), labels).backward()
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad and p.grad is not None]).double()
 
 
@@ -45,14 +47,9 @@ def compare(name, model, prompts, tokenizer, args):
         g32, g16, other, other16 = (step_grads(model, batch(i), labels, d)
                                     for i, d in ((a, "fp32"), (a, "bf16"), (b, "fp32"), (b, "bf16")))
         with torch.inference_mode():
-            margins = {d: palt.score(_forward(model, batch(a), d)) for d in ("fp32", "bf16")}
+            margins = {d: palt.score(forward(model, batch(a), d)) for d in ("fp32", "bf16")}
         print(f"  {trial:5} {cos(g16, g32):14.5f} {float((g16 - g32).norm() / g32.norm()):16.4f} {cos(other, g32):23.4f} "
               f"{float((margins['bf16'] - margins['fp32']).abs().max()):18.4f} {cos(g16 - g32, other16 - other):16.4f}")
-
-
-def _forward(model, batch, dtype):
-    with bert.autocast(dtype, "cpu"):
-        return model(**batch)
 
 
 def main():
