@@ -50,6 +50,7 @@ class Run:
     dtype: str = "auto"  # autocast precision: auto = bf16 on GPU and on CPUs with native bf16, else fp32
     max_seq_length: int = 192  # every position the model sees, prompts included
     dev_limit: int | None = None  # link prediction: dev triples ranked after each epoch (a seeded sample)
+    dev_every: int | None = None  # also evaluate dev every this many steps: a curve inside long epochs
     warmup: float = 0.1
     weight_decay: float = 0.01
     grad_clip: float = 1.0
@@ -83,7 +84,7 @@ def layers(s):
 
 
 # flag -> (lowest allowed, whether the lowest itself is allowed); checked before anything loads
-LIMITS = {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "batch": (1, True), "dev_limit": (1, True),
+LIMITS = {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "batch": (1, True), "dev_limit": (1, True), "dev_every": (1, True),
           "max_seq_length": (4, True), "warmup": (0, True), "weight_decay": (0, True), "grad_clip": (0, False),
           "seed": (0, True), "log_every": (1, True)}
 
@@ -110,6 +111,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=DTYPES, default="auto",
                     help="autocast precision: auto = bf16 on GPU and on CPUs with native bf16 (AVX512_BF16/AMX), else fp32")
     ap.add_argument("--dev-limit", type=int, help="link prediction: dev triples ranked after every epoch (default: PRESETS)")
+    ap.add_argument("--dev-every", type=int, help="also evaluate dev every this many steps (a curve only: "
+                    "checkpoints and the best epoch stay per epoch)")
     for f in ("max_seq_length", "warmup", "weight_decay", "grad_clip", "seed", "log_every"):
         ap.add_argument("--" + f.replace("_", "-"), type=type(Run.__dataclass_fields__[f].default),
                         default=Run.__dataclass_fields__[f].default)
@@ -302,6 +305,17 @@ def main(run):
                 log0(f"epoch {epoch + 1}/{run.epochs} step {step}/{total} loss {loss_sum / (i + 1):.4f} "
                      f"lr {opt.param_groups[0]['lr']:.2e} seq/s {rate:.0f} padded/real {n_padded / n_real:.2f} "
                      f"{dtype} eta {eta / 60:.1f}m")
+            if run.dev_every and step % run.dev_every == 0 and i < len(order) - 1 and step < total:
+                t_dev = time.time()
+                if master_process:  # a point of the curve only; the epoch's end decides the checkpoints
+                    dev = {"epoch": round(epoch + (i + 1) / len(order), 3), "step": step,
+                           **dev_metric(model.eval(), kg, enc, run, device, dtype)}
+                    history["dev"].append(dev)
+                    log0(f"dev at step {step} (epoch {dev['epoch']}): {dev['metric']} {dev['value']:.4f}")
+                    ddp_model.train()
+                if ddp:
+                    dist.barrier()
+                t0 += time.time() - t_dev  # evaluation time counts neither in seq/s nor in the train wall time
             if os.environ.get("PALT_TEST_CRASH_AT_STEP") == str(step):  # tests: a crash mid-epoch, for --resume
                 os._exit(3)
         history["train_wall_s"] += time.time() - t0

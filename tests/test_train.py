@@ -68,6 +68,20 @@ def test_a_headless_checkpoint_trains_its_new_heads(setup, tmp_path):
     assert model.bert.nsp.weight.requires_grad and not model.bert.layers[0].q.weight.requires_grad
 
 
+def test_dev_every_adds_a_curve_and_changes_no_weight(setup, tmp_path, capsys):
+    plain = train.main(train.parse_args(args(setup, tmp_path / "plain", "--epochs", "2", "--dtype", "fp32", data="wn11")))
+    curve = train.main(train.parse_args(args(setup, tmp_path / "curve", "--epochs", "2", "--dtype", "fp32",
+                                             "--dev-every", "2", data="wn11")))
+    for (n, a), b in zip(plain.state_dict().items(), curve.state_dict().values()):
+        assert torch.equal(a, b), n  # evaluating in the middle of an epoch leaves training untouched
+    meta = train.read_checkpoint(tmp_path / "curve" / "ckpt.safetensors", tensors=False)[1]
+    steps = [d["step"] for d in meta["dev"]]
+    per_epoch = steps[-1] // 2
+    assert steps == sorted(set(range(2, 2 * per_epoch, 2)) | {per_epoch, 2 * per_epoch})  # never twice at an epoch's end
+    assert [d["epoch"] for d in meta["dev"] if d["step"] % per_epoch == 0] == [1, 2] and meta["best_epoch"] in (1, 2)
+    assert "dev at step 2 (epoch " in capsys.readouterr().out
+
+
 def run(cmd, **env):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | env, timeout=300)
     return r
