@@ -205,6 +205,7 @@ CASES = [
     C("train-grad-clip-0", "clipping to zero", train("--grad-clip", "0"), ("--grad-clip",), ARGPARSE),
     C("train-seed-negative", "a negative seed", train("--seed", "-1"), ("--seed",), ARGPARSE),
     C("train-dev-limit-0", "ranking no dev triples", train("--dev-limit", "0"), ("--dev-limit",), ARGPARSE),
+    C("train-dev-every-0", "a dev point every 0 steps", train("--dev-every", "0"), ("--dev-every",), ARGPARSE),
     C("train-calib-x", "calibration layers that are not numbers", train("--calib", "x"), ("--calib", "'x'"), ARGPARSE),
     C("train-data-unknown", "an unknown dataset", train("--data", "nosuch"), ("--data", "'nosuch'"), ARGPARSE),
     C("train-dtype-fp16", "an unsupported precision", train("--dtype", "fp16"), ("--dtype", "'fp16'"), ARGPARSE),
