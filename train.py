@@ -84,8 +84,8 @@ def layers(s):
 
 
 # flag -> (lowest allowed, whether the lowest itself is allowed); checked before anything loads
-LIMITS = {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "batch": (1, True), "dev_limit": (1, True), "dev_every": (1, True),
-          "max_seq_length": (4, True), "warmup": (0, True), "weight_decay": (0, True), "grad_clip": (0, False),
+LIMITS = {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "batch": (1, True), "dev_limit": (1, True),
+          "dev_every": (1, True), "max_seq_length": (4, True), "warmup": (0, True), "weight_decay": (0, True), "grad_clip": (0, False),
           "seed": (0, True), "log_every": (1, True)}
 
 
