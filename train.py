@@ -3,7 +3,7 @@
   python train.py --data umls --model minilm --epochs 3
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 """
-import argparse, json, math, os, re, time
+import argparse, json, os, re, time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 import numpy as np
@@ -12,10 +12,10 @@ import torch.nn.functional as F
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bert import DTYPES, CheckpointError, autocast, resolve_dtype
+from bert import DTYPES, CheckpointError, autocast
 from data import DataError, NegativeSampler, build_batch, encode, load_kg, seq_lengths
-from palt import (ConfigError, PaltConfig, build_palt, check_writable, palt_meta, param_report, read_checkpoint, save_atomic,
-                  trainable_state)
+from palt import (ConfigError, PaltConfig, build_palt, check_limits, check_seq_length, check_writable, init_distributed,
+                  palt_meta, param_report, read_checkpoint, save_atomic, trainable_state)
 
 # The paper's appendix (BERT-base). batch = positives per optimizer step over all ranks, each with its negatives.
 # negatives = corruptions of (head, relation, tail) per positive. umls is not in the appendix: our choice.
@@ -59,34 +59,23 @@ class Run:
     resume: bool = False
 
 
-def counts(s):
-    """'2,0,0' -> (2, 0, 0): three non-negative integers."""
+def int_list(s, n=None):
+    """'2,0,0' -> (2, 0, 0): n non-negative integers (--prompts, --negatives), or any number of them and 'none' -> ()
+    (--calib layers)."""
     try:
-        t = tuple(int(x) for x in s.split(","))
-    except ValueError:
-        t = ()
-    if len(t) != 3 or min(t) < 0:
-        raise argparse.ArgumentTypeError(f"expected three non-negative integers like 2,0,0, got {s!r}")
-    return t
-
-
-def layers(s):
-    """'6,11' -> (6, 11); 'none' -> ()."""
-    if s == "none":
-        return ()
-    try:
-        t = tuple(int(x) for x in s.split(","))
+        t = () if s == "none" and n is None else tuple(int(x) for x in s.split(","))
     except ValueError:
         t = (-1,)
-    if min(t) < 0:
-        raise argparse.ArgumentTypeError(f"expected layer numbers like 6,11, or none, got {s!r}")
+    if (n and len(t) != n) or min(t, default=0) < 0:
+        what = f"{n} non-negative integers like 2,0,0" if n else "layer numbers like 6,11, or none"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     return t
 
 
 # flag -> (lowest allowed, whether the lowest itself is allowed); checked before anything loads
 LIMITS = {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "batch": (1, True), "dev_limit": (1, True),
-          "dev_every": (1, True), "max_seq_length": (4, True), "warmup": (0, True), "weight_decay": (0, True), "grad_clip": (0, False),
-          "seed": (0, True), "log_every": (1, True)}
+          "dev_every": (1, True), "max_seq_length": (4, True), "warmup": (0, True), "weight_decay": (0, True),
+          "grad_clip": (0, False), "seed": (0, True), "log_every": (1, True)}
 
 
 def parse_args(argv=None):
@@ -102,9 +91,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (the schedule ends there)")
     ap.add_argument("--lr", type=float)
     ap.add_argument("--batch", type=int, help="positive triples per step over all ranks")
-    ap.add_argument("--negatives", type=counts, help="head,relation,tail corruptions per positive, e.g. 5,0,5")
-    ap.add_argument("--prompts", type=counts, help="b,m,e prompt tokens, e.g. 2,0,0")
-    ap.add_argument("--calib", type=layers, help="layers, e.g. 6,11, or none")
+    ap.add_argument("--negatives", type=lambda s: int_list(s, 3), help="head,relation,tail corruptions per positive, e.g. 5,0,5")
+    ap.add_argument("--prompts", type=lambda s: int_list(s, 3), help="b,m,e prompt tokens, e.g. 2,0,0")
+    ap.add_argument("--calib", type=int_list, help="layers, e.g. 6,11, or none")
     ap.add_argument("--no-wp", action="store_true", help="ablation: no prompt encoder W_p")
     ap.add_argument("--prompt-mlp", action="store_true", help="re-parametrise prompts through an MLP")
     ap.add_argument("--finetune", action="store_true", help="train the whole LM, no PALT parts (KG-BERT)")
@@ -121,20 +110,14 @@ def parse_args(argv=None):
     for k, v in PRESETS[run.data].items():  # the preset fills what the command line left open
         if getattr(run, k) is None:
             setattr(run, k, v)
-    for k, (low, inclusive) in LIMITS.items():
-        v = getattr(run, k)
-        if v is not None and not ((v >= low if inclusive else v > low) and math.isfinite(v)):
-            ap.error(f"--{k.replace('_', '-')} must be {'at least' if inclusive else 'more than'} {low}"
-                     f"{'' if math.isfinite(v) else ' and finite'}, not {v}")
+    check_limits(ap, run, LIMITS)
     if run.warmup > 1:
         ap.error(f"--warmup is a fraction of the steps, at most 1, not {run.warmup}")
     if sum(run.negatives) == 0:
         ap.error("--negatives 0,0,0 leaves no false triples to learn from: give at least one corruption per positive")
     if run.finetune:  # the paper's Finetuning row: the whole LM, none of PALT's parts
         run.prompts, run.calib, run.no_wp = (0, 0, 0), (), True
-    if run.max_seq_length < 4 + sum(run.prompts):
-        ap.error(f"--max-seq-length {run.max_seq_length} leaves no room for text: the {sum(run.prompts)} prompt tokens, "
-                 f"[CLS] and two [SEP] take {3 + sum(run.prompts)}")
+    check_seq_length(run.max_seq_length, sum(run.prompts))
     run.out = run.out or f"runs/{run.data}-{Path(run.model).name}"
     return run
 
@@ -160,9 +143,8 @@ def epoch_order(keys, per_step, epoch, seed, pool_steps=100):
     return perm.reshape(n_steps, per_step)[rng.permutation(n_steps)]
 
 
-# what a resumed run must share with the run it continues, or it would not replay exactly
-RUN_KEYS = ("negatives", "batch", "lr", "epochs", "max_steps", "warmup", "weight_decay", "grad_clip", "seed")
-TRAINED_KEYS = ("data", "weights_sha256", "data_fingerprint", "text_file", "prompts", "max_seq_length", "dtype", "palt", *RUN_KEYS)
+# settings that may change when a run resumes: where it writes and what it reports, not what it trains
+RESUME_MAY_CHANGE = ("model", "data_dir", "out", "resume", "log_every", "dev_limit", "dev_every")
 
 
 def check_output(out, resume):
@@ -183,74 +165,103 @@ def check_output(out, resume):
     return read_checkpoint(state, kind="train-state", tensors=False)[1]
 
 
-def save_or_exit(path, tensors, meta, epochs_saved):
-    try:
-        save_atomic(path, tensors, meta)
-    except OSError as e:
-        raise SystemExit(f"error: cannot write {path} ({e.strerror}); the previous file is kept: fix that and run "
-                         f"again with --resume to continue after epoch {epochs_saved}")
+def check_resumable(saved, meta, state):
+    """The resume state's own record of its run against this one: an exact replay needs the same settings, base
+    weights, data files and resolved precision."""
+    old, new = json.loads(saved["run"]), json.loads(meta["run"])
+    mine = {k: (old.get(k), new[k]) for k in new if k not in RESUME_MAY_CHANGE}
+    mine |= {k: (saved.get(k), meta[k]) for k in ("weights_sha256", "data_fingerprint", "dtype")}
+    for k, (was, now) in mine.items():
+        if was != now:
+            raise SystemExit(f"error: {state} was trained with {k} {was}, not {now}: resume with the same settings, "
+                             f"or choose another --out")
 
 
-def main(run):
-    # ---------------------------------------------------------------------------------------------- DDP setup
-    ddp = int(os.environ.get("RANK", -1)) != -1
-    cuda = torch.cuda.is_available()
-    if ddp:
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
-        rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    else:
-        rank, local_rank, world = 0, 0, 1
-    device = f"cuda:{local_rank}" if cuda else "cpu"
-    if cuda:
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    master_process = rank == 0
-    print0 = lambda *a, **k: print(*a, **k, flush=True) if master_process else None
-    dtype = resolve_dtype(run.dtype, device)  # weights, optimizer, loss and the NSP head stay fp32 (autocast only)
-    if run.batch % world:
-        raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world} ranks")
-    out = Path(run.out)
-    resumed = check_output(out, run.resume)  # before anything loads: nothing is lost, no work thrown away
+def save_epoch(out, model, opt, params, meta, better):
+    """best.safetensors (if dev improved), ckpt.safetensors, then the resume state: written last, so that a kill in
+    between replays this epoch. A failed write keeps the previous file and says how to continue."""
+    ckpt = {n: t.cpu() for n, t in trainable_state(model).items()}
+    files = [("best", ckpt, "checkpoint")] * better + [("ckpt", ckpt, "checkpoint"),
+                                                       ("state", state_tensors(model, opt, params), "train-state")]
+    for name, tensors, kind in files:
+        try:
+            save_atomic(out / f"{name}.safetensors", tensors, {**meta, "kind": kind})
+        except OSError as e:
+            raise SystemExit(f"error: cannot write {out / name}.safetensors ({e.strerror}); the previous file is kept: "
+                             f"fix that and run again with --resume to continue after epoch {meta['epoch'] - 1}")
 
-    # ----------------------------------------------------------------------------------------- data and model
-    torch.manual_seed(run.seed)  # the same fresh heads on every rank
+
+def train_step(ddp_model, opt, params, batch, labels, lr, run, dtype, device):
+    """One optimizer step: NSP cross-entropy over a batch of positives and their negatives, clipping, AdamW."""
+    with autocast(dtype, device):
+        logits = ddp_model(**batch)
+    loss = F.cross_entropy(logits.float(), labels)  # class 0 = true triple, as BERT's "is next"
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params.values(), run.grad_clip)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def check_replicas(params, world, print0):
+    """DDP keeps the replicas equal by construction; check it rather than assume it."""
+    flat = torch.cat([p.detach().float().flatten() for p in params.values()])
+    copies = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(copies, flat)
+    print0(f"ranks agree: max |difference| of trainable tensors over {world} ranks = "
+           f"{max((c - flat).abs().max().item() for c in copies):.3g}")
+
+
+def build(run, dtype, device):
+    """The PALT model (fresh heads seeded alike on every rank), the graph, its token ids, the checkpoint metadata,
+    the trainable parameters and their AdamW."""
+    torch.manual_seed(run.seed)
     cfg = PaltConfig(prompts=run.prompts, calib_layers=run.calib, prompt_encoder=not run.no_wp,
                      prompt_mlp=run.prompt_mlp, finetune=run.finetune)
     model, loaded = build_palt(run.model, cfg)
-    if run.max_seq_length > loaded.config.max_position_embeddings:
-        raise SystemExit(f"error: --max-seq-length {run.max_seq_length} (prompts included) exceeds the "
-                         f"{loaded.config.max_position_embeddings} positions of {loaded.path.name}")
-    kg = load_kg(run.data, run.data_dir, run.text)
-    enc = encode(kg, loaded.tokenizer)
-    negatives = NegativeSampler(kg, *run.negatives, seed=run.seed)
-    report = param_report(model)
-    if report["tunable"] == 0:
+    check_seq_length(run.max_seq_length, sum(run.prompts), loaded.config.max_position_embeddings, loaded.path.name)
+    if not any(p.requires_grad for p in model.parameters()):
         raise SystemExit("error: nothing to train (zero-shot needs no training: use evaluate.py --model)")
-    steps_per_epoch = len(kg.train) // run.batch
-    if steps_per_epoch == 0:
-        raise SystemExit(f"error: --batch {run.batch} is larger than the {len(kg.train)} train triples")
-    total = min(run.epochs * steps_per_epoch, run.max_steps or run.epochs * steps_per_epoch)
-    print0(f"{kg.name}: {len(kg.train):,} train triples, {len(kg.entities):,} entities, text {kg.text_file} | "
-           f"{loaded.path.name}: tunable {report['tunable']:,} of {report['total']:,} ({report['percent']:.2f}%) "
-           f"{report['parts']} | {dtype} on {device} x {world}")
+    kg = load_kg(run.data, run.data_dir, run.text)
+    report = param_report(model)
+    meta = {"model": run.model, "weights_sha256": loaded.weights_sha256, "data": kg.name, "data_fingerprint": kg.fingerprint,
+            "text": run.text, "text_file": kg.text_file, "prompts": list(run.prompts), "max_seq_length": run.max_seq_length,
+            "dtype": dtype, "palt": palt_meta(model), "run": json.dumps(asdict(run)), "tunable": report["tunable"],
+            "total": report["total"]}
     model.to(device)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     decay = [p for p in params.values() if p.ndim >= 2]  # no weight decay on biases and LayerNorm
     no_decay = [p for p in params.values() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": run.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=run.lr, betas=(0.9, 0.999), eps=1e-8, fused=cuda)
-    ddp_model = DDP(model, device_ids=[local_rank] if cuda else None) if ddp else model
+                            lr=run.lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda")
+    return model, kg, encode(kg, loaded.tokenizer), meta, params, opt
 
-    meta = {"model": run.model, "weights_sha256": loaded.weights_sha256, "data": kg.name, "data_fingerprint": kg.fingerprint,
-            "text": run.text, "text_file": kg.text_file, "prompts": list(run.prompts), "max_seq_length": run.max_seq_length,
-            "dtype": dtype, "palt": palt_meta(model), "run": json.dumps(asdict(run)), "tunable": report["tunable"],
-            "total": report["total"], **{k: getattr(run, k) for k in RUN_KEYS}}
+
+def main(run):
+    rank, local_rank, world, device, dtype = init_distributed(run.dtype)  # env ranks, set_device: torchrun's DDP
+    ddp, master_process = world > 1 or dist.is_initialized(), rank == 0
+    print0 = lambda *a, **k: print(*a, **k, flush=True) if master_process else None
+    if run.batch % world:
+        raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world} ranks")
+    out = Path(run.out)
+    resumed = check_output(out, run.resume)  # before anything loads: nothing is lost, no work thrown away
+
+    model, kg, enc, meta, params, opt = build(run, dtype, device)
+    report, negatives = param_report(model), NegativeSampler(kg, *run.negatives, seed=run.seed)
+    steps_per_epoch = len(kg.train) // run.batch
+    if steps_per_epoch == 0:
+        raise SystemExit(f"error: --batch {run.batch} is larger than the {len(kg.train)} train triples")
+    total = min(run.epochs * steps_per_epoch, run.max_steps or run.epochs * steps_per_epoch)
+    print0(f"{kg.name}: {len(kg.train):,} train triples, {len(kg.entities):,} entities, text {kg.text_file} | "
+           f"{Path(run.model).name}: tunable {report['tunable']:,} of {report['total']:,} ({report['percent']:.2f}%) "
+           f"{report['parts']} | {dtype} on {device} x {world}")
+    ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None) if ddp else model
+
     history = {"epoch": 0, "step": 0, "dev": [], "best_epoch": None, "best": None, "train_wall_s": 0.0}
     if resumed:
-        for k in TRAINED_KEYS:  # the same run, or an exact replay is impossible
-            if resumed.get(k) != json.loads(json.dumps(meta[k])):
-                raise SystemExit(f"error: {out}/state.safetensors was trained with {k} {resumed.get(k)}, not {meta[k]}: "
-                                 f"resume with the same settings, or choose another --out")
+        check_resumable(resumed, meta, out / "state.safetensors")
         tensors, _ = read_checkpoint(out / "state.safetensors", kind="train-state")
         load_state(tensors, model, opt, params, out / "state.safetensors")
         history = {k: resumed[k] for k in history}
@@ -267,6 +278,12 @@ def main(run):
             log.write(line + "\n")
             log.flush()
 
+    def dev_point(epoch, step):  # rank 0 only; its time counts in no training figure
+        t = time.time()
+        history["dev"].append({"epoch": epoch, "step": step, **dev_metric(model.eval(), kg, enc, run, device, dtype)})
+        ddp_model.train()
+        return history["dev"][-1], time.time() - t
+
     # ---------------------------------------------------------------------------------------------- training
     seqs_per_pos = 1 + sum(run.negatives)
     step = history["step"]
@@ -278,8 +295,7 @@ def main(run):
         neg = negatives.negatives(epoch)  # (N, n_neg, 3), the same on every rank
         group = np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3)  # each positive, then its negatives
         keys = seq_lengths(enc, group, run.prompts, run.max_seq_length).reshape(len(neg), -1).max(1)
-        # every rank takes every world-th positive of each global step (DistributedSampler's split), so the ranks'
-        # batches of a step have similar lengths too
+        # rank r takes every world-th positive of each global step (DistributedSampler's split): similar lengths
         order = epoch_order(keys, run.batch, epoch, run.seed)[:, rank::world]
         t0, seen, loss_sum, n_real, n_padded = time.time(), 0, 0.0, 0, 0
         for i, idx in enumerate(order):
@@ -288,16 +304,8 @@ def main(run):
             triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
             labels = torch.cat([torch.zeros(len(idx)), torch.ones(len(idx) * (seqs_per_pos - 1))]).long().to(device)
             batch = {k: v.to(device, non_blocking=True) for k, v in build_batch(enc, triples, run.prompts, run.max_seq_length).items()}
-            with autocast(dtype, device):
-                logits = ddp_model(**batch)
-            loss = F.cross_entropy(logits.float(), labels)  # class 0 = true triple, as BERT's "is next"
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params.values(), run.grad_clip)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, total, run)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            step, seen, loss_sum = step + 1, seen + len(triples) * world, loss_sum + loss.item()
+            loss = train_step(ddp_model, opt, params, batch, labels, lr_at(step, total, run), run, dtype, device)
+            step, seen, loss_sum = step + 1, seen + len(triples) * world, loss_sum + loss
             n_real, n_padded = n_real + int(batch["attention_mask"].sum()), n_padded + batch["input_ids"].numel()
             if step % run.log_every == 0 or i == len(order) - 1 or step == total:
                 rate = seen / (time.time() - t0)
@@ -306,48 +314,32 @@ def main(run):
                      f"lr {opt.param_groups[0]['lr']:.2e} seq/s {rate:.0f} padded/real {n_padded / n_real:.2f} "
                      f"{dtype} eta {eta / 60:.1f}m")
             if run.dev_every and step % run.dev_every == 0 and i < len(order) - 1 and step < total:
-                t_dev = time.time()
-                if master_process:  # a point of the curve only; the epoch's end decides the checkpoints
-                    dev = {"epoch": round(epoch + (i + 1) / len(order), 3), "step": step,
-                           **dev_metric(model.eval(), kg, enc, run, device, dtype)}
-                    history["dev"].append(dev)
+                if master_process:  # a point of the curve only: the epoch's end decides the checkpoints
+                    dev, spent = dev_point(round(epoch + (i + 1) / len(order), 3), step)
                     log0(f"dev at step {step} (epoch {dev['epoch']}): {dev['metric']} {dev['value']:.4f}")
-                    ddp_model.train()
+                    t0 += spent
                 if ddp:
                     dist.barrier()
-                t0 += time.time() - t_dev  # evaluation time counts neither in seq/s nor in the train wall time
             if os.environ.get("PALT_TEST_CRASH_AT_STEP") == str(step):  # tests: a crash mid-epoch, for --resume
                 os._exit(3)
         history["train_wall_s"] += time.time() - t0
         history["epoch"], history["step"] = epoch + 1, step
         if master_process:  # dev after every epoch; then best (if better), last checkpoint, and the resume state
-            dev = {"epoch": epoch + 1, "step": step, **dev_metric(model.eval(), kg, enc, run, device, dtype)}
-            history["dev"].append(dev)
+            dev, _ = dev_point(epoch + 1, step)
             better = history["best"] is None or dev["value"] > history["best"]
             if better:
                 history["best"], history["best_epoch"] = dev["value"], epoch + 1
             log0(f"dev after epoch {epoch + 1}: {dev['metric']} {dev['value']:.4f}" + (" (best so far)" if better else "")
                  + (f", MR {dev['mr']:.2f}, Hits@10 {dev['hits@10']:.4f} on {dev['triples']} dev triples" if "mr" in dev else ""))
-            m = meta | history
-            ckpt = {n: t.cpu() for n, t in trainable_state(model).items()}
-            # the order matters for a kill in between: the state is written last, so --resume replays this epoch
-            if better:
-                save_or_exit(out / "best.safetensors", ckpt, {"kind": "checkpoint", **m}, history["epoch"] - 1)
-            save_or_exit(out / "ckpt.safetensors", ckpt, {"kind": "checkpoint", **m}, history["epoch"] - 1)
-            save_or_exit(out / "state.safetensors", state_tensors(model, opt, params), {**m, "kind": "train-state"},
-                         history["epoch"] - 1)
+            save_epoch(out, model, opt, params, meta | history, better)
         if ddp:
             dist.barrier()  # the other ranks wait for rank 0's dev evaluation and saves
     if master_process:
         print0(f"trained {step} steps in {history['train_wall_s'] / 60:.1f} min ({dtype}); last {out}/ckpt.safetensors "
                f"({(out / 'ckpt.safetensors').stat().st_size / 2**20:.1f} MiB), best by dev {out}/best.safetensors "
                f"(epoch {history['best_epoch']})")
-    if ddp:  # DDP keeps the replicas equal by construction; check it rather than assume it
-        flat = torch.cat([p.detach().float().flatten() for p in params.values()])
-        copies = [torch.empty_like(flat) for _ in range(world)]
-        dist.all_gather(copies, flat)
-        print0(f"ranks agree: max |difference| of trainable tensors over {world} ranks = "
-               f"{max((c - flat).abs().max().item() for c in copies):.3g}")
+    if ddp:
+        check_replicas(params, world, print0)
         del ddp_model  # DDP's reducer holds gloo work; freed at interpreter exit it can abort the process (SIGABRT)
         dist.barrier()
         dist.destroy_process_group()

