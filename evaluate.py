@@ -213,16 +213,28 @@ def read_rows(path, n_triples):
 
 
 class State:
-    """Finished rows of one evaluation, one .npz per rank, replaced atomically: a run killed at any point restarts
-    from its last save. `prior` holds what every rank of earlier runs saved under the same key."""
+    """The ranks finished so far, in a folder: settings.json (what they were ranked with: a rerun with other
+    settings refuses rather than mix) and one rows .npz per rank, replaced atomically, so that a run killed at
+    any point restarts from its last save. `prior`: what every rank of earlier runs saved."""
 
-    def __init__(self, folder, key, rank, n_triples):
-        self.folder, self.key, self.path = Path(folder), key, Path(folder) / f"{key}-rank{rank}.npz"
-        self.prior = np.concatenate([np.zeros((0, 6), np.int64)] + [read_rows(f, n_triples) for f in self.files()])
+    def __init__(self, folder, settings, rank, n_triples):
+        self.folder, self.path = Path(folder), Path(folder) / f"rank{rank}.npz"
+        saved = self.folder / "settings.json"
+        if saved.exists():
+            try:
+                was = json.loads(saved.read_text())
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"error: {saved}: damaged ranking state ({e}); delete {self.folder} to start over") from None
+            for k, v in settings.items():
+                if was.get(k) != v:
+                    raise SystemExit(f"error: {self.folder} holds ranks made with {k} {was.get(k)}, not {v}: "
+                                     "give another --out, or delete it to start over")
+        elif rank == 0:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            palt.write_atomic(saved, lambda f: f.write(json.dumps(settings, indent=1).encode()))
+        self.prior = np.concatenate([np.zeros((0, 6), np.int64)] +
+                                    [read_rows(f, n_triples) for f in sorted(self.folder.glob("rank*.npz"))])
         self.new, self.old = [], [read_rows(self.path, n_triples)] if self.path.exists() else []
-
-    def files(self):
-        return sorted(self.folder.glob(f"{self.key}-rank*.npz"))
 
     def save(self):
         rows = np.concatenate(self.old + self.new or [np.zeros((0, 6), np.int64)])
@@ -233,14 +245,13 @@ class State:
                              f"save is kept: make room, and the same command resumes from {self.folder}") from None
 
     def remove(self):
-        """The results are written: the saved rows have served their purpose (other evaluations may share the folder)."""
+        """A full ranking is written: its saved rows have served their purpose."""
         try:
-            for f in self.files():
+            for f in [*self.folder.glob("rank*.npz"), self.folder / "settings.json"]:
                 f.unlink()
-            if not any(self.folder.iterdir()):
-                self.folder.rmdir()
+            self.folder.rmdir()
         except OSError as e:
-            print(f"warning: could not remove the finished ranking state in {self.folder} ({e.strerror or e})",
+            print(f"warning: could not remove the finished ranking state {self.folder} ({e.strerror or e})",
                   file=sys.stderr)
 
 
@@ -249,8 +260,9 @@ def default_tokens(device):
 
 
 def select(T, limit, seed):
-    """All T test triples, or a seeded random `limit` of them (sorted)."""
-    return np.arange(T) if not limit or limit >= T else np.sort(np.random.default_rng(seed).choice(T, limit, replace=False))
+    """All T test triples, or a seeded random `limit` of them (sorted): the first `limit` of one seeded
+    permutation, so that the subset of a smaller limit is part of any larger one's (an estimate can grow)."""
+    return np.arange(T) if not limit or limit >= T else np.sort(np.random.default_rng(seed).permutation(T)[:limit])
 
 
 def score_triples(model, enc, triples, prompts, max_seq_length, device, tokens=None, dtype="fp32"):
@@ -269,16 +281,19 @@ def rank_split(model, kg, enc, split, prompts, max_seq_length, device, limit=Non
     return lp_metrics(np.concatenate(rows))["filtered"]["both"]["realistic"]
 
 
-def link_prediction(run, scorer, kg, info, out, rank, world):
-    """Filtered ranks of every (or --limit seeded random) test triple, as head and as tail; sharded, resumable."""
+def link_prediction(run, scorer, kg, info, state_dir, rank, world):
+    """Filtered ranks of every (or --limit seeded random) test triple, as head and as tail; sharded, resumable.
+    A query, once scored, ranks every test triple that asks it, and the state keeps them all: a rerun with a
+    larger --limit (same seed) scores only the queries it has not seen."""
     lpq = data.lp_queries(kg, run.split, run.candidates)
     T, C = len(lpq.target), len(lpq.candidates)
     tri = select(T, run.limit, run.seed)
     needed = np.unique(lpq.triple_query[tri])
     mine = needed[rank::world]  # round robin: every rank gets head and tail queries alike
-    key = hashlib.sha256(json.dumps([info["identity"], kg.name, kg.fingerprint, info["text"], info["prompts"],
-                                     info["max_seq_length"], run.split, run.candidates, run.limit, run.seed, scorer.dtype]).encode())
-    state = State(out.with_suffix(".state"), key.hexdigest()[:16], rank, T)
+    settings = dict(checkpoint_sha256=info["identity"], data=kg.name, data_fingerprint=kg.fingerprint, text=info["text"],
+                    prompts=info["prompts"], max_seq_length=info["max_seq_length"], split=run.split,
+                    candidates=run.candidates, seed=run.seed, dtype=scorer.dtype)
+    state = State(state_dir, settings, rank, T)
     if dist.is_initialized():
         dist.barrier()  # every rank has read the old state before any rank writes
     done = np.zeros(len(lpq.queries), bool)
@@ -286,11 +301,12 @@ def link_prediction(run, scorer, kg, info, out, rank, world):
     todo = len(mine) - int(done[mine].sum())
     if rank == 0:  # the cost, before any of it is spent
         print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries x {C:,} candidates = "
-              f"{len(needed) * C:,} pairs to score ({int(done[needed].sum()):,} queries ranked before)", file=sys.stderr)
+              f"{len(needed) * C:,} pairs to score ({int(done[needed].sum()):,} queries ranked before, in {state.folder})",
+              file=sys.stderr)
     whole = -(-len(np.unique(lpq.triple_query)) // world) if len(tri) < T else None  # per rank, as the rate is
     progress = Progress(todo, "queries" + (f" on rank 0 of {world}" if world > 1 else ""), rank == 0, whole)
     saved, n_done = time.time(), 0
-    for qs, rows in rank_queries(scorer, lpq, tri, mine, max(1, run.block_rows // C), skip=done):
+    for qs, rows in rank_queries(scorer, lpq, np.arange(T), mine, max(1, run.block_rows // C), skip=done):
         state.new.append(rows)
         n_done += len(qs)
         progress.update(len(qs))
@@ -306,7 +322,7 @@ def link_prediction(run, scorer, kg, info, out, rank, world):
     mine_rows = np.concatenate([state.prior, new]) if rank == 0 else new  # rank 0 brings what earlier runs saved
     rows = gather_rows(torch.from_numpy(mine_rows).to(scorer.device)).cpu().numpy()
     _, first = np.unique(rows[:, 0] * 2 + rows[:, 1], return_index=True)
-    rows = rows[first]
+    rows = rows[first][np.isin(rows[first, 0], tri)]
     if len(rows) != 2 * len(tri):
         raise SystemExit(f"error: {len(rows)} of {2 * len(tri)} ranks found; remove {state.folder} and run again")
     estimate = len(tri) < T
@@ -483,18 +499,18 @@ def resolve_source(run):
 
 
 def results_path(run, shipped):
-    """--out, else beside the checkpoint (runs/NAME/eval-umls-lp-test.json), else in results/."""
-    name = data.dataset(run.data)[0]
-    tag = run.task + (f"-{run.split}" if run.task == "lp" else "") + (f"-limit{run.limit}-seed{run.seed}" if run.limit else "")
+    """(results JSON, ranking state folder): --out and its .state; else beside the checkpoint
+    (runs/NAME/eval-umls-lp-test.json), else in results/. The default state's name leaves --limit out: a rerun
+    with a larger --limit and the same seed finds it and grows the estimate."""
     if run.out:
-        return Path(run.out)
-    if run.model:
-        return Path("results") / f"{name}-zeroshot-{Path(run.model).name}-{tag}.json"
-    ckpt = Path(run.ckpt)
-    if shipped:  # never write into weights/
-        return Path("results") / f"{name}-{ckpt.stem}-{tag}.json"
-    # best.safetensors and ckpt.safetensors of one run folder get two files, not one overwriting the other
-    return ckpt.parent / f"eval-{name}{'' if ckpt.stem == 'ckpt' else '-' + ckpt.stem}-{tag}.json"
+        return Path(run.out), Path(run.out).with_suffix(".state")
+    name, ckpt = data.dataset(run.data)[0], Path(run.ckpt or "")
+    folder, stem = (Path("results"), f"{name}-zeroshot-{Path(run.model).name}") if run.model else \
+        (Path("results"), f"{name}-{ckpt.stem}") if shipped else \
+        (ckpt.parent, f"eval-{name}{'' if ckpt.stem == 'ckpt' else '-' + ckpt.stem}")  # best and ckpt: two files
+    stem += f"-{run.task}" + (f"-{run.split}" if run.task == "lp" else "")
+    return (folder / (stem + (f"-limit{run.limit}-seed{run.seed}" if run.limit else "") + ".json"),
+            folder / f"{stem}-seed{run.seed}.state")
 
 
 def train_summary(meta):
@@ -619,13 +635,13 @@ def main(argv=None):
         name, _, task = data.dataset(run.data)
         if run.task == "tc" and task != "tc":
             raise SystemExit(f"error: {name} has no labelled dev/test negatives; triple classification needs wn11 or fb13")
-        out = None if run.task == "predict" else results_path(run, shipped)
+        out, state_dir = (None, None) if run.task == "predict" else results_path(run, shipped)
         if out and out.is_dir():
             raise SystemExit(f"error: --out {out} is a folder; give the path of a file")
         if out:
             palt.check_writable(out.parent, f"--out {out}")
         if out and run.task == "lp":  # the resumable ranking state
-            palt.check_writable(out.with_suffix(".state"), f"--out {out}: its ranking state")
+            palt.check_writable(state_dir, f"{out}: its ranking state")
     except (data.DataError, bert.CheckpointError) as e:
         raise SystemExit(f"error: {e}")
     rank, _, world, device, dtype = palt.init_distributed(run.dtype)
@@ -642,7 +658,7 @@ def main(argv=None):
         scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], tokens, device, dtype)
         if run.task == "predict":
             return predict(run, scorer, kg) if rank == 0 else None
-        result, state = (link_prediction(run, scorer, kg, info, out, rank, world) if run.task == "lp"
+        result, state = (link_prediction(run, scorer, kg, info, state_dir, rank, world) if run.task == "lp"
                          else triple_classification(run, scorer, kg, rank, world))
         if rank != 0:
             return
@@ -668,7 +684,7 @@ def main(argv=None):
             keep = (f"the ranks stay saved in {state.folder}: make room, and the same command writes the results "
                     "without scoring again") if state else "the metrics are printed above"
             raise SystemExit(f"error: cannot write {out} ({e.strerror or e}); the previous file is kept, and {keep}") from None
-        if state:
+        if state and not result["estimate"]:  # an estimate's ranks stay: a larger --limit reuses them
             state.remove()
         print(f"wrote {out} ({result['wall_s']:.1f} s)")
         print("| " + " | ".join(row) + " |")

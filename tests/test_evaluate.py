@@ -189,6 +189,43 @@ def test_lp_zero_shot_resume_and_two_processes_give_the_same_metrics(lp_root, ti
     assert ddp["settings"]["world_size"] == 2 and ddp["metrics"] == one["metrics"]
 
 
+def test_the_subset_of_a_smaller_limit_is_part_of_every_larger_ones():
+    for T, seed in [(50, 0), (1000, 3)]:
+        before = set()
+        for n in (1, 5, 17, 49, T, None):
+            now = set(evaluate.select(T, n, seed).tolist())
+            assert before <= now and len(now) == (n or T)
+            before = now
+
+
+def test_a_larger_limit_reuses_every_ranked_query_and_other_settings_refuse(lp_root, tiny_bert, trained, tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default paths: results/ under the working folder
+    common = ["--lp", "--data", "umls", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 20]
+    state = tmp_path / "results" / f"umls-zeroshot-{tiny_bert.name}-lp-test-seed0.state"
+
+    def lp(*extra):
+        evaluate.main([str(a) for a in common + list(extra)])
+        tag = f"-limit{extra[1]}-seed0" if extra else ""
+        return json.loads((tmp_path / "results" / f"umls-zeroshot-{tiny_bert.name}-lp-test{tag}.json").read_text())
+    small = lp("--limit", 2)
+    assert small["counts"]["resumed_queries"] == 0 and state.is_dir()  # an estimate's ranks stay
+    big = lp("--limit", 4)
+    assert big["counts"]["resumed_queries"] == small["counts"]["queries"] < big["counts"]["queries"]
+    fresh = run_cli(*common, "--limit", 4, "--out", tmp_path / "fresh.json")
+    assert fresh["counts"]["resumed_queries"] == 0 and fresh["metrics"] == big["metrics"]
+    full = lp()
+    assert full["counts"]["resumed_queries"] == big["counts"]["queries"] and not state.exists()  # a full ranking: done
+    assert full["metrics"] == run_cli(*common, "--out", tmp_path / "full.json")["metrics"]
+    # a state never mixes ranks of other settings: the seed, the checkpoint
+    before = tree(tmp_path)
+    one_line_error(common + ["--limit", 4, "--seed", 1, "--out", tmp_path / "fresh.json"],
+                   "fresh.state holds ranks made with seed 0, not 1: give another --out, or delete it")
+    one_line_error(["--lp", "--data-dir", lp_root, "--ckpt", trained[0], "--limit", 4, "--out", tmp_path / "fresh.json"],
+                   "fresh.state holds ranks made with checkpoint_sha256 [0-9a-f]{64}, not [0-9a-f]{64}")
+    assert tree(tmp_path) == before
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_bert, lp_root, tmp_path_factory):
     """A PALT with prompts and calibration (random, as if trained) saved as a umls checkpoint."""
@@ -451,7 +488,7 @@ def test_a_failed_save_keeps_the_previous_file_and_says_where_to_resume(lp_root,
         one_line_error(common + ["--stop-after-queries", 1], f"cannot save the ranking state {re.escape(str(f))} "
                        r"\(No space left on device\); the previous save is kept: make room, and the same command "
                        f"resumes from {re.escape(str(f.parent))}$")
-    assert f.read_bytes() == saved and [p.name for p in f.parent.iterdir()] == [f.name]  # no .tmp left
+    assert f.read_bytes() == saved and sorted(p.name for p in f.parent.iterdir()) == [f.name, "settings.json"]  # no .tmp
 
     out.write_text("older results\n")
     real_replace = os.replace
