@@ -323,13 +323,12 @@ class LPQueries:
 
 
 def lp_queries(kg, split="test", candidates="split"):
-    """Unique (?, r, t) and (h, r, ?) queries of a split, so each query's candidates are scored once."""
-    if candidates not in ("split", "all"):
-        raise ValueError(f"candidates must be 'split' or 'all', not {candidates!r}")
+    """Unique (?, r, t) and (h, r, ?) queries of a split, so each query's candidates are scored once. candidates:
+    'split' (entities in any split), 'all' (every entity with text), or an array of entity indices (a sample)."""
     E, R = len(kg.entities), len(kg.relations)
     T, labels = getattr(kg, split), getattr(kg, f"{split}_labels", None)
     T = T if labels is None else T[labels]  # triple classification: its true triples
-    cand = kg.split_entities if candidates == "split" else np.arange(E)  # 'all': every entity with text
+    cand = {"split": kg.split_entities, "all": np.arange(E)}[candidates] if isinstance(candidates, str) else candidates
     where = np.full(E, -1, dtype=np.int64)
     where[cand] = np.arange(len(cand))
     # a query as one int64: (side*R + r)*E + e
@@ -341,12 +340,13 @@ def lp_queries(kg, split="test", candidates="split"):
     h, r, t = k // (R * E), k // E % R, k % E
     akey = np.concatenate([r * E + t, (R + r) * E + h])
     ans = where[np.concatenate([h, t])]
-    order = np.lexsort((ans, akey))
-    akey, ans = akey[order], ans[order]
+    keep = ans >= 0  # an answer outside a candidate sample is not ranked: nothing to filter
+    order = np.lexsort((ans[keep], akey[keep]))
+    akey, ans = akey[keep][order], ans[keep][order]
     lo, hi = np.searchsorted(akey, ukey, "left"), np.searchsorted(akey, ukey, "right")
     ptr = np.zeros(len(ukey) + 1, dtype=np.int64)
     np.cumsum(hi - lo, out=ptr[1:])
-    pos = ans[np.repeat(lo - ptr[:-1], hi - lo) + np.arange(ptr[-1])]  # every fact's entities are candidates
+    pos = ans[np.repeat(lo - ptr[:-1], hi - lo) + np.arange(ptr[-1])]
     return LPQueries(cand, queries, inv.reshape(2, -1).T.copy(), np.stack([where[T[:, 0]], where[T[:, 2]]], 1), ptr, pos)
 
 

@@ -17,22 +17,30 @@ from data import DataError, NegativeSampler, build_batch, encode, load_kg, seq_l
 from palt import (ConfigError, PaltConfig, build_palt, check_limits, check_seq_length, check_writable, init_distributed,
                   palt_meta, param_report, read_checkpoint, save_atomic, trainable_state)
 
-# The paper's appendix (BERT-base). batch = positives per optimizer step over all ranks, each with its negatives.
-# negatives = corruptions of (head, relation, tail) per positive. umls is not in the appendix: our choice.
-# dev_limit: dev triples ranked after every epoch, under a minute for MiniLM on one CPU core (umls: 135
-# candidates per query; the others rank ~15k-41k, so only a few triples fit: a rough signal, say so).
+# Two recipes per dataset. paper: the paper's appendix (BERT-base, GPU; umls is not in it: our choice). cpu: ours
+# for MiniLM on a few CPU cores, measured in RESULTS.md. batch = positives per optimizer step over all ranks, each
+# with its negatives; negatives = corruptions of (head, relation, tail) per positive. dev_limit: dev triples
+# ranked after every epoch; dev_sample: against a seeded sample of that many entities (plus their own answers),
+# not all ~15k-41k of a big graph (a rough signal, labelled so); dev_every: a dev point and a resume state.
+CPU = dict(lr=1e-3, batch=32, prompts=(2, 0, 0), negatives=(1, 1, 1))
+BIG_CPU = CPU | dict(epochs=1, negatives=(1, 0, 1), dev_limit=50, dev_sample=100, dev_every=500)
 PRESETS = {
-    "wn11": dict(lr=1.5e-4, epochs=40, negatives=(1, 1, 1), prompts=(2, 0, 0), batch=32),
-    "fb13": dict(lr=1.5e-5, epochs=40, negatives=(1, 1, 1), prompts=(10, 10, 10), batch=32),
-    "fb15k-237": dict(lr=1e-4, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=2),
-    "wn18rr": dict(lr=1e-5, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=2),
-    "umls": dict(lr=1e-4, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=100),
+    "paper": {
+        "wn11": dict(lr=1.5e-4, epochs=40, negatives=(1, 1, 1), prompts=(2, 0, 0), batch=32),
+        "fb13": dict(lr=1.5e-5, epochs=40, negatives=(1, 1, 1), prompts=(10, 10, 10), batch=32),
+        "fb15k-237": dict(lr=1e-4, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=2),
+        "wn18rr": dict(lr=1e-5, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=2),
+        "umls": dict(lr=1e-4, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=100),
+    },
+    "cpu": {"wn11": CPU | dict(epochs=3), "fb13": CPU | dict(epochs=1), "umls": CPU | dict(epochs=8, dev_limit=100),
+            "fb15k-237": BIG_CPU, "wn18rr": BIG_CPU},
 }
 
 
 @dataclass
 class Run:
     data: str
+    recipe: str = "paper"  # PRESETS[recipe][data] fills every setting the command line leaves open
     model: str = "minilm"
     data_dir: str | None = None
     text: str = "name"  # entity texts: names, or long descriptions where the dataset has them
@@ -50,7 +58,8 @@ class Run:
     dtype: str = "auto"  # autocast precision: auto = bf16 on GPU and on CPUs with native bf16, else fp32
     max_seq_length: int = 192  # every position the model sees, prompts included
     dev_limit: int | None = None  # link prediction: dev triples ranked after each epoch (a seeded sample)
-    dev_every: int | None = None  # also evaluate dev every this many steps: a curve inside long epochs
+    dev_sample: int | None = None  # ... against a seeded sample of this many entities, not all
+    dev_every: int | None = None  # also every this many steps: a dev point and a resume state inside long epochs
     warmup: float = 0.1
     weight_decay: float = 0.01
     grad_clip: float = 1.0
@@ -74,7 +83,7 @@ def int_list(s, n=None):
 
 # flag -> (lowest allowed, whether the lowest itself is allowed); checked before anything loads
 LIMITS = {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "batch": (1, True), "dev_limit": (1, True),
-          "dev_every": (1, True), "max_seq_length": (4, True), "warmup": (0, True), "weight_decay": (0, True),
+          "dev_sample": (1, True), "dev_every": (1, True), "max_seq_length": (4, True), "warmup": (0, True), "weight_decay": (0, True),
           "grad_clip": (0, False), "seed": (0, True), "log_every": (1, True)}
 
 
@@ -82,7 +91,9 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # '-1,0,0' and '-1e-3' are values (refused below with their own message), not unknown options
     ap._negative_number_matcher = re.compile(r"^-\.?\d")
-    ap.add_argument("--data", required=True, choices=list(PRESETS), type=str.lower)
+    ap.add_argument("--data", required=True, choices=list(PRESETS["paper"]), type=str.lower)
+    ap.add_argument("--recipe", choices=list(PRESETS), default="paper",
+                    help="settings not given: the paper's (BERT-base, GPU) or ours for MiniLM on CPU (see PRESETS)")
     ap.add_argument("--model", default="minilm", help="minilm, bert-base-cased, ..., or a directory")
     ap.add_argument("--data-dir", help="folder holding the datasets (else $PALT_DATA, else data/)")
     ap.add_argument("--text", choices=["name", "long"], default="name")
@@ -100,14 +111,16 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=DTYPES, default="auto",
                     help="autocast precision: auto = bf16 on GPU and on CPUs with native bf16 (AVX512_BF16/AMX), else fp32")
     ap.add_argument("--dev-limit", type=int, help="link prediction: dev triples ranked after every epoch (default: PRESETS)")
-    ap.add_argument("--dev-every", type=int, help="also evaluate dev every this many steps (a curve only: "
-                    "checkpoints and the best epoch stay per epoch)")
+    ap.add_argument("--dev-sample", type=int, help="link prediction: rank dev against a seeded sample of N entities "
+                    "(plus the answers), not all (default: PRESETS)")
+    ap.add_argument("--dev-every", type=int, help="also evaluate dev and save the resume state every this many steps "
+                    "(checkpoints and the best epoch stay per epoch)")
     for f in ("max_seq_length", "warmup", "weight_decay", "grad_clip", "seed", "log_every"):
         ap.add_argument("--" + f.replace("_", "-"), type=type(Run.__dataclass_fields__[f].default),
                         default=Run.__dataclass_fields__[f].default)
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
     run = Run(**vars(ap.parse_args(argv)))
-    for k, v in PRESETS[run.data].items():  # the preset fills what the command line left open
+    for k, v in PRESETS[run.recipe][run.data].items():  # the preset fills what the command line left open
         if getattr(run, k) is None:
             setattr(run, k, v)
     check_limits(ap, run, LIMITS)
@@ -144,7 +157,7 @@ def epoch_order(keys, per_step, epoch, seed, pool_steps=100):
 
 
 # settings that may change when a run resumes: where it writes and what it reports, not what it trains
-RESUME_MAY_CHANGE = ("model", "data_dir", "out", "resume", "log_every", "dev_limit", "dev_every")
+RESUME_MAY_CHANGE = ("model", "data_dir", "out", "resume", "log_every", "dev_limit", "dev_sample", "dev_every", "recipe")
 
 
 def check_output(out, resume):
@@ -177,18 +190,19 @@ def check_resumable(saved, meta, state):
                              f"or choose another --out")
 
 
-def save_epoch(out, model, opt, params, meta, better):
-    """best.safetensors (if dev improved), ckpt.safetensors, then the resume state: written last, so that a kill in
-    between replays this epoch. A failed write keeps the previous file and says how to continue."""
-    ckpt = {n: t.cpu() for n, t in trainable_state(model).items()}
-    files = [("best", ckpt, "checkpoint")] * better + [("ckpt", ckpt, "checkpoint"),
-                                                       ("state", state_tensors(model, opt, params), "train-state")]
-    for name, tensors, kind in files:
+def save(out, model, opt, params, meta, names):
+    """Writes out/NAME.safetensors for NAME in names: best (dev improved), ckpt (the epoch's end), state (to resume;
+    always last, so that a kill in between replays from the previous state). A failed write keeps the previous
+    file and says how to continue."""
+    tensors = {"state": lambda: state_tensors(model, opt, params)} | dict.fromkeys(
+        ("best", "ckpt"), lambda: {n: t.cpu() for n, t in trainable_state(model).items()})
+    for name in names:
         try:
-            save_atomic(out / f"{name}.safetensors", tensors, {**meta, "kind": kind})
+            save_atomic(out / f"{name}.safetensors", tensors[name](), {**meta, "kind": "train-state" if name == "state"
+                                                                       else "checkpoint"})
         except OSError as e:
             raise SystemExit(f"error: cannot write {out / name}.safetensors ({e.strerror}); the previous file is kept: "
-                             f"fix that and run again with --resume to continue after epoch {meta['epoch'] - 1}")
+                             f"fix that and run again with --resume to continue from the last saved state")
 
 
 def train_step(ddp_model, opt, params, batch, labels, lr, run, dtype, device):
@@ -291,33 +305,37 @@ def main(run):
         if step >= total:
             break
         ddp_model.train()
-        torch.manual_seed(run.seed + 1000 * epoch + rank)  # dropout: an epoch replays exactly after --resume
         neg = negatives.negatives(epoch)  # (N, n_neg, 3), the same on every rank
         group = np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3)  # each positive, then its negatives
         keys = seq_lengths(enc, group, run.prompts, run.max_seq_length).reshape(len(neg), -1).max(1)
         # rank r takes every world-th positive of each global step (DistributedSampler's split): similar lengths
         order = epoch_order(keys, run.batch, epoch, run.seed)[:, rank::world]
-        t0, seen, loss_sum, n_real, n_padded = time.time(), 0, 0.0, 0, 0
+        t0, seen, loss_sum, n_steps, n_real, n_padded = time.time(), 0, 0.0, 0, 0, 0
         for i, idx in enumerate(order):
+            if epoch * steps_per_epoch + i < step:  # done before a mid-epoch resume
+                continue
             if step >= total:
                 break
+            torch.manual_seed(run.seed + 1_000_003 * step + rank)  # dropout: any step replays exactly after --resume
             triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
             labels = torch.cat([torch.zeros(len(idx)), torch.ones(len(idx) * (seqs_per_pos - 1))]).long().to(device)
             batch = {k: v.to(device, non_blocking=True) for k, v in build_batch(enc, triples, run.prompts, run.max_seq_length).items()}
             loss = train_step(ddp_model, opt, params, batch, labels, lr_at(step, total, run), run, dtype, device)
-            step, seen, loss_sum = step + 1, seen + len(triples) * world, loss_sum + loss
+            step, seen, loss_sum, n_steps = step + 1, seen + len(triples) * world, loss_sum + loss, n_steps + 1
             n_real, n_padded = n_real + int(batch["attention_mask"].sum()), n_padded + batch["input_ids"].numel()
             if step % run.log_every == 0 or i == len(order) - 1 or step == total:
                 rate = seen / (time.time() - t0)
                 eta = (total - step) * run.batch * seqs_per_pos / rate
-                log0(f"epoch {epoch + 1}/{run.epochs} step {step}/{total} loss {loss_sum / (i + 1):.4f} "
+                log0(f"epoch {epoch + 1}/{run.epochs} step {step}/{total} loss {loss_sum / n_steps:.4f} "
                      f"lr {opt.param_groups[0]['lr']:.2e} seq/s {rate:.0f} padded/real {n_padded / n_real:.2f} "
                      f"{dtype} eta {eta / 60:.1f}m")
             if run.dev_every and step % run.dev_every == 0 and i < len(order) - 1 and step < total:
-                if master_process:  # a point of the curve only: the epoch's end decides the checkpoints
+                if master_process:  # a point of the curve, and a state to resume from; the epoch's end decides the checkpoints
                     dev, spent = dev_point(round(epoch + (i + 1) / len(order), 3), step)
                     log0(f"dev at step {step} (epoch {dev['epoch']}): {dev['metric']} {dev['value']:.4f}")
                     t0 += spent
+                    save(out, model, opt, params, meta | history | {"epoch": epoch, "step": step, "train_wall_s":
+                                                                    history["train_wall_s"] + time.time() - t0}, ["state"])
                 if ddp:
                     dist.barrier()
             if os.environ.get("PALT_TEST_CRASH_AT_STEP") == str(step):  # tests: a crash mid-epoch, for --resume
@@ -330,8 +348,9 @@ def main(run):
             if better:
                 history["best"], history["best_epoch"] = dev["value"], epoch + 1
             log0(f"dev after epoch {epoch + 1}: {dev['metric']} {dev['value']:.4f}" + (" (best so far)" if better else "")
-                 + (f", MR {dev['mr']:.2f}, Hits@10 {dev['hits@10']:.4f} on {dev['triples']} dev triples" if "mr" in dev else ""))
-            save_epoch(out, model, opt, params, meta | history, better)
+                 + (f", MR {dev['mr']:.2f}, Hits@10 {dev['hits@10']:.4f} on {dev['triples']} dev triples against "
+                    f"{dev['candidates']:,} {'sampled ' * dev['sampled']}candidates" if "mr" in dev else ""))
+            save(out, model, opt, params, meta | history, ["best"] * better + ["ckpt", "state"])
         if ddp:
             dist.barrier()  # the other ranks wait for rank 0's dev evaluation and saves
     if master_process:
@@ -368,14 +387,17 @@ def load_state(tensors, model, opt, params, path):
 
 def dev_metric(model, kg, enc, run, device, dtype):
     """The task's dev metric: accuracy at the dev-tuned threshold (tuned on dev itself: an upper estimate), or the
-    filtered MRR of a seeded sample of dev_limit dev triples (the same sample every epoch)."""
+    filtered MRR of a seeded sample of dev_limit dev triples (the same sample every epoch), ranked against all
+    entities or a seeded sample of dev_sample of them (labelled `sampled`)."""
     import evaluate
     if kg.task == "tc":
         scores = evaluate.score_triples(model, enc, kg.dev, run.prompts, run.max_seq_length, device, dtype=dtype)
         return {"metric": "accuracy", "value": evaluate.best_threshold(scores, kg.dev_labels)[1]}
-    m = evaluate.rank_split(model, kg, enc, "dev", run.prompts, run.max_seq_length, device, limit=run.dev_limit, dtype=dtype)
+    m = evaluate.rank_split(model, kg, enc, "dev", run.prompts, run.max_seq_length, device, limit=run.dev_limit,
+                            dtype=dtype, sample=run.dev_sample)
     return {"metric": "mrr", "value": m["mrr"], "mr": m["mr"], "hits@10": m["hits@10"],
-            "triples": min(run.dev_limit or len(kg.dev), len(kg.dev))}
+            "triples": min(run.dev_limit or len(kg.dev), len(kg.dev)), "candidates": m["candidates"],
+            "sampled": bool(run.dev_sample and m["candidates"] < len(kg.split_entities))}
 
 
 if __name__ == "__main__":

@@ -109,13 +109,15 @@ def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
     straight = run([sys.executable, "train.py", *args(setup, tmp_path / "straight", *pinned)], OMP_NUM_THREADS="1")
     assert straight.returncode == 0, straight.stderr
     steps_per_epoch = len(list((setup[0] / "data" / "umls" / "train.tsv").read_text().splitlines())) // 6
-    crash = run([sys.executable, "train.py", *args(setup, tmp_path / "crash", *pinned)], OMP_NUM_THREADS="1",
-                PALT_TEST_CRASH_AT_STEP=str(steps_per_epoch + 3))  # killed in the middle of epoch 2
+    # killed in the middle of epoch 2, after a dev point (--dev-every 2) saved the resume state at its step
+    crash = run([sys.executable, "train.py", *args(setup, tmp_path / "crash", *pinned, "--dev-every", "2")],
+                OMP_NUM_THREADS="1", PALT_TEST_CRASH_AT_STEP=str(steps_per_epoch + 3))
     assert crash.returncode == 3
     resumed = run([sys.executable, "train.py", *args(setup, tmp_path / "crash", *pinned, "--resume")],
                   OMP_NUM_THREADS="1")
     assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from" in resumed.stdout and "epoch 1, step" in resumed.stdout
+    last_dev_point = (steps_per_epoch + 3) // 2 * 2
+    assert f"resumed from {tmp_path / 'crash'}/state.safetensors: epoch 1, step {last_dev_point}" in resumed.stdout
     a, b = load_file(tmp_path / "straight" / "ckpt.safetensors"), load_file(tmp_path / "crash" / "ckpt.safetensors")
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -133,7 +135,7 @@ def test_a_failed_save_keeps_the_last_epoch_and_says_how_to_resume(setup, tmp_pa
 
     monkeypatch.setattr(train, "save_atomic", disk_full_in_epoch_2)
     with pytest.raises(SystemExit, match=r"cannot write .*ckpt.safetensors \(No space left on device\); the previous "
-                                         r"file is kept: fix that and run again with --resume to continue after epoch 1"):
+                                         r"file is kept: fix that and run again with --resume to continue from the last saved state"):
         train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32")))
     state = load_file(tmp_path / "state.safetensors")  # the resume unit still says epoch 1, and --resume finishes
     monkeypatch.setattr(train, "save_atomic", real)
