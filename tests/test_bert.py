@@ -6,6 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 import bert
+import hub
 from bert import CheckpointError, load_bert, load_tokenizer, load_weights
 from conftest import make_bert_dir
 
@@ -244,21 +245,21 @@ class Hub(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def hub(hf_model, tmp_path, monkeypatch):
+def fake_hub(hf_model, tmp_path, monkeypatch):
     src = save_layout(hf_model, tmp_path / "src", False)
     (src / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(115)]))
     (src / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
-    Hub.files = {f: (src / f).read_bytes() for f in bert.HUB_FILES}
+    Hub.files = {f: (src / f).read_bytes() for f in hub.HUB_FILES}
     Hub.sabotage, Hub.requests = set(), []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(bert, "HUB", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
+    monkeypatch.setattr(hub, "HUB", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setattr(hub, "WEIGHTS", tmp_path / "weights")
     yield server
     server.shutdown()
 
 
-def test_download_resumes_and_verifies(hub, hf_model, tmp_path):
+def test_download_resumes_and_verifies(fake_hub, hf_model, tmp_path):
     target = tmp_path / "weights" / "bert-base-cased"
     target.mkdir(parents=True)
     blob = Hub.files["model.safetensors"]
@@ -269,7 +270,7 @@ def test_download_resumes_and_verifies(hub, hf_model, tmp_path):
     assert loaded.weights_sha256 == hashlib.sha256(blob).hexdigest() and loaded.new_heads == ()
 
 
-def test_download_rejects_corrupt_file(hub, tmp_path):
+def test_download_rejects_corrupt_file(fake_hub, tmp_path):
     Hub.sabotage = {"model.safetensors"}
     with pytest.raises(CheckpointError, match="sha256 [0-9a-f]+ is not the expected [0-9a-f]+; nothing written"):
         load_bert("bert-large-cased")
@@ -278,8 +279,8 @@ def test_download_rejects_corrupt_file(hub, tmp_path):
 
 
 def test_download_offline_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(bert, "HUB", "http://127.0.0.1:9")  # discard port: connection refused
-    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
+    monkeypatch.setattr(hub, "HUB", "http://127.0.0.1:9")  # discard port: connection refused
+    monkeypatch.setattr(hub, "WEIGHTS", tmp_path / "weights")
     with pytest.raises(CheckpointError, match=r"cannot download .* into .*bert-base-uncased/"):
         load_bert("bert-base-uncased")
 

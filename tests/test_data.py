@@ -8,7 +8,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-import bert
+import hub
 import data
 from data import DataError, NegativeSampler, build_batch, encode, load_kg, lp_queries, seq_lengths
 
@@ -437,5 +437,5 @@ def test_every_shared_dataset_has_the_readme_counts(name):
     if kg.task == "tc":
         assert kg.dev_labels.sum() * 2 == len(kg.dev) and kg.test_labels.sum() * 2 == len(kg.test)
     folder = data.DATASETS[name][0]
-    for file, sha in data.checksums()[folder].items():  # data.sha256, what download() checks, fits these files
-        assert bert.sha256_file(SHARED / folder / file) == sha, file
+    for file, sha in hub.checksums()[folder].items():  # data.sha256, what download() checks, fits these files
+        assert hub.sha256_file(SHARED / folder / file) == sha, file

@@ -3,9 +3,7 @@ trained on (its recorded sha256), and reproduces the metrics stored in its resul
 on a part of the data cheap enough for CI. Real MiniLM, real data (../shared/data or $PALT_DATA)."""
 import json, os
 from pathlib import Path
-import numpy as np
 import pytest
-import torch
 
 import bert, data, evaluate, palt
 
