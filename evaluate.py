@@ -10,7 +10,7 @@ turns distinct scores into ties). A true answer tied with k others has optimisti
 realistic r + k/2 (random tie-breaking, as PyKEEN reports); metrics use realistic filtered ranks, the JSON has all.
 --data defaults to the checkpoint's dataset; without --ckpt and --model the shipped adapter for --data is used.
 """
-import argparse, json, os, sys, time
+import argparse, json, os, shutil, sys, time
 from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np
@@ -246,13 +246,7 @@ class State:
 
     def remove(self):
         """A full ranking is written: its saved rows have served their purpose."""
-        try:
-            for f in [*self.folder.glob("rank*.npz"), self.folder / "settings.json"]:
-                f.unlink()
-            self.folder.rmdir()
-        except OSError as e:
-            print(f"warning: could not remove the finished ranking state {self.folder} ({e.strerror or e})",
-                  file=sys.stderr)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def default_tokens(device):
