@@ -82,6 +82,21 @@ def test_dev_every_adds_a_curve_and_changes_no_weight(setup, tmp_path, capsys):
     assert "dev at step 2 (epoch " in capsys.readouterr().out
 
 
+def test_a_sampled_dev_ranking_is_labelled_in_the_log_and_the_checkpoint(setup, tmp_path, capsys):
+    train.main(train.parse_args(args(setup, tmp_path, "--epochs", "1", "--dev-sample", "2", "--dev-limit", "3")))
+    dev = train.read_checkpoint(tmp_path / "ckpt.safetensors", tensors=False)[1]["dev"][-1]
+    everyone = len(train.load_kg("umls", setup[0] / "data").split_entities)
+    assert dev["sampled"] and dev["triples"] == 3 and 2 <= dev["candidates"] < everyone  # 2 + the answers
+    assert f"on 3 dev triples against {dev['candidates']} sampled candidates" in capsys.readouterr().out
+
+
+def test_a_recipe_fills_only_what_the_command_line_leaves_open():
+    cpu = train.parse_args(["--data", "wn18rr", "--recipe", "cpu", "--lr", "5e-4"])
+    assert (cpu.negatives, cpu.dev_sample, cpu.dev_every, cpu.lr, cpu.epochs) == ((1, 0, 1), 100, 500, 5e-4, 1)
+    paper = train.parse_args(["--data", "wn18rr"])
+    assert (paper.negatives, paper.dev_sample, paper.prompts, paper.lr) == ((5, 5, 5), None, (10, 10, 10), 1e-5)
+
+
 def run(cmd, **env):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | env, timeout=300)
     return r
