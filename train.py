@@ -332,7 +332,7 @@ def main(run):
             if run.dev_every and step % run.dev_every == 0 and i < len(order) - 1 and step < total:
                 if master_process:  # a point of the curve, and a state to resume from; the epoch's end decides the checkpoints
                     dev, spent = dev_point(round(epoch + (i + 1) / len(order), 3), step)
-                    log0(f"dev at step {step} (epoch {dev['epoch']}): {dev['metric']} {dev['value']:.4f}")
+                    log0(f"dev at step {step} (epoch {dev['epoch']}): {dev_line(dev)}")
                     t0 += spent
                     save(out, model, opt, params, meta | history | {"epoch": epoch, "step": step, "train_wall_s":
                                                                     history["train_wall_s"] + time.time() - t0}, ["state"])
@@ -347,9 +347,7 @@ def main(run):
             better = history["best"] is None or dev["value"] > history["best"]
             if better:
                 history["best"], history["best_epoch"] = dev["value"], epoch + 1
-            log0(f"dev after epoch {epoch + 1}: {dev['metric']} {dev['value']:.4f}" + (" (best so far)" if better else "")
-                 + (f", MR {dev['mr']:.2f}, Hits@10 {dev['hits@10']:.4f} on {dev['triples']} dev triples against "
-                    f"{dev['candidates']:,} {'sampled ' * dev['sampled']}candidates" if "mr" in dev else ""))
+            log0(f"dev after epoch {epoch + 1}: {dev_line(dev)}" + (" (best so far)" if better else ""))
             save(out, model, opt, params, meta | history, ["best"] * better + ["ckpt", "state"])
         if ddp:
             dist.barrier()  # the other ranks wait for rank 0's dev evaluation and saves
@@ -398,6 +396,13 @@ def dev_metric(model, kg, enc, run, device, dtype):
     return {"metric": "mrr", "value": m["mrr"], "mr": m["mr"], "hits@10": m["hits@10"],
             "triples": min(run.dev_limit or len(kg.dev), len(kg.dev)), "candidates": m["candidates"],
             "sampled": bool(run.dev_sample and m["candidates"] < len(kg.split_entities))}
+
+
+def dev_line(dev):
+    """'mrr 0.8037, MR 2.08, Hits@10 0.9750 on 100 dev triples against 135 candidates' (sampled ones said so)."""
+    return f"{dev['metric']} {dev['value']:.4f}" + (
+        f", MR {dev['mr']:.2f}, Hits@10 {dev['hits@10']:.4f} on {dev['triples']} dev triples against "
+        f"{dev['candidates']:,} {'sampled ' * dev['sampled']}candidates" if "mr" in dev else "")
 
 
 if __name__ == "__main__":
