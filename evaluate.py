@@ -324,7 +324,8 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
     mine_rows = np.concatenate([state.prior, new]) if rank == 0 else new  # rank 0 brings what earlier runs saved
     rows = gather_rows(torch.from_numpy(mine_rows).to(scorer.device)).cpu().numpy()
     _, first = np.unique(rows[:, 0] * 2 + rows[:, 1], return_index=True)
-    rows = rows[first][np.isin(rows[first, 0], tri)]
+    rows = rows[first]
+    rows = rows[np.isin(rows[:, 0], tri)]  # the state may hold more triples than this --limit asks for
     if len(rows) != 2 * len(tri):
         raise SystemExit(f"error: {len(rows)} of {2 * len(tri)} ranks found; remove {state.folder} and run again")
     estimate = len(tri) < T
