@@ -1,9 +1,9 @@
 """A minimal BERT in pure PyTorch that loads the original Hugging Face weights from safetensors.
 
 Post-LN encoder, exact erf GELU, attention through F.scaled_dot_product_attention, pooler and NSP head.
-`python bert.py --check NAME_OR_PATH` is the first smoke test for a model.
+`python hub.py --check NAME_OR_PATH` is the first smoke test for a model.
 """
-import argparse, importlib.util, json, re
+import importlib.util, json, re
 from dataclasses import dataclass, fields
 from pathlib import Path
 import torch
@@ -302,30 +302,3 @@ def load_bert(name_or_path):
     path = resolve_model(name_or_path)
     model, new_heads = load_weights(path)
     return Loaded(model, model.config, load_tokenizer(path), path, new_heads, sha256_file(path / "model.safetensors"))
-
-
-def check(name_or_path):
-    """`python bert.py --check`: what was loaded, and the NSP probability of one sentence pair."""
-    m = load_bert(name_or_path)
-    print(f"model   {m.path}\nconfig  {m.config}\nsha256  {m.weights_sha256}\n"
-          f"params  {sum(p.numel() for p in m.model.parameters()):,}")
-    for head in ("pooler", "nsp"):
-        new = "NEW: no pretrained NSP head in the checkpoint, so PALT trains it"
-        print(f"{head:7} {new if head in m.new_heads else 'pretrained'}")
-    tok, a, b = m.tokenizer, "Paris is the capital of", "France."
-    ids_a, ids_b = (tok.encode(s, add_special_tokens=False).ids for s in (a, b))
-    ids = torch.tensor([[tok.token_to_id("[CLS]"), *ids_a, tok.token_to_id("[SEP]"), *ids_b, tok.token_to_id("[SEP]")]])
-    types = torch.tensor([[0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)])
-    with torch.inference_mode():
-        p = m.model.eval()(ids, types, torch.ones_like(ids)).nsp_logits.softmax(-1)[0, 0].item()
-    print(f"NSP     P(is next | {a!r}, {b!r}) = {p:.4f}" + (" (head untrained)" if m.new_heads else ""))
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", metavar="NAME_OR_PATH", required=True,
-                    help=f"minilm, {', '.join(hub.HUB_MODELS)}, or a directory with model.safetensors")
-    try:
-        check(ap.parse_args().check)
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}")

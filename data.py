@@ -1,21 +1,16 @@
 """Knowledge graphs in KG-BERT's text format -> BERT sentence pairs with PALT's prompt slots.
 
-    python data.py --stats [--data-dir D] [--model minilm] [--text name|long]
-    python data.py --download NAME [--data-dir D]
-
 Data lives in --data-dir, else $PALT_DATA, else ./data; one folder per benchmark (../shared/data/README.md).
 Token ids of entity/relation texts are cached in $PALT_CACHE (else ~/.cache/palt) as .npz keyed by the
 tokenizer and the files read, because the data folder may be read-only.
 """
-import argparse, hashlib, os, tempfile, zipfile
+import hashlib, os, tempfile, zipfile
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-import bert
-import hub
 
 DATASETS = {  # name -> (folder, task); 'lp' link prediction, 'tc' triple classification
     "fb15k-237": ("FB15k-237", "lp"), "wn18rr": ("WN18RR", "lp"), "umls": ("umls", "lp"),
@@ -134,7 +129,7 @@ def load_kg(name, data_dir=None, text="name"):
     if text not in ("name", "long"):
         raise ValueError(f"text must be 'name' or 'long', not {text!r}")
     if not folder.is_dir():
-        raise DataError(f"{folder}: no such dataset folder (python data.py --download {name}, or set --data-dir / PALT_DATA)")
+        raise DataError(f"{folder}: no such dataset folder (python hub.py --download {name}, or set --data-dir / PALT_DATA)")
     names, long = TEXT_FILES[name]
     if text == "long" and (long is None or not (folder / long).is_file()):  # never train on names by surprise
         raise DataError(f"{folder / (long or 'entity2textlong.txt')}: --text long needs the entity descriptions, "
@@ -349,59 +344,3 @@ def lp_queries(kg, split="test", candidates="split"):
     np.cumsum(hi - lo, out=ptr[1:])
     pos = ans[np.repeat(lo - ptr[:-1], hi - lo) + np.arange(ptr[-1])]
     return LPQueries(cand, queries, inv.reshape(2, -1).T.copy(), np.stack([where[T[:, 0]], where[T[:, 2]]], 1), ptr, pos)
-
-
-# ----------------------------------------------------------------------------- download (hub.py) and stats
-def download(name, data_dir=None, base_url=None, sums=None):
-    """Fetch a benchmark from KG-BERT's repository into <data root>/<folder>, checked against data.sha256."""
-    name, folder, _ = dataset(name)
-    try:
-        return hub.benchmark(folder, data_root(data_dir) / folder, base_url, sums)
-    except hub.DownloadError as e:
-        raise DataError(str(e)) from None
-
-
-PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: positives only)
-    "fb15k-237": (14541, 237, 272115, 17535, 20466), "wn18rr": (40943, 11, 86835, 3034, 3134),
-    "umls": (135, 46, 5216, 652, 661), "wn11": (38696, 11, 112581, 2609, 10544),
-    "fb13": (75043, 13, 316232, 5908, 23733),
-}
-
-
-def stats(data_dir=None, model="minilm", text="name"):
-    """`python data.py --stats`: the counts of every dataset found, beside the paper's."""
-    tok, root = bert.load_tokenizer(bert.resolve_model(model)), data_root(data_dir)
-    found = [name for name, (folder, _) in DATASETS.items() if (root / folder).is_dir()]
-    if not found:
-        raise DataError(f"{root}: none of {', '.join(f for f, _ in DATASETS.values())} is there (--data-dir, PALT_DATA)")
-    n = lambda x: f"{x:,}"
-    count = lambda split, labels: n(len(split)) if labels is None else f"{n(labels.sum())}+{n((~labels).sum())}"
-    row = "{:10} {:24} {:>18} {:>4} {:>8} {:>13} {:>15} {:>8} {:>4} | {}".format
-    print(f"data {root}, tokenizer {model}, --text {text}; tc dev/test = positives+negatives")
-    print(row("dataset", "entity text", "entities (text)", "rel", "train", "dev", "test", "tok mean", "max",
-              "paper: entities rel train dev test"))
-    for name in found:
-        kg = load_kg(name, root, text)
-        tokens = np.diff(encode(kg, tok).ent_off)
-        print(row(kg.folder.name, kg.text_file, f"{n(len(kg.split_entities))} ({n(len(kg.entities))})",
-                  len(kg.relations), n(len(kg.train)), count(kg.dev, kg.dev_labels), count(kg.test, kg.test_labels),
-                  f"{tokens.mean():.1f}", tokens.max(), " ".join(map(n, PAPER[name]))))
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--stats", action="store_true", help="counts of every dataset found beside the paper's")
-    p.add_argument("--download", metavar="NAME", help=f"fetch one of {', '.join(DATASETS)} from KG-BERT's repository")
-    p.add_argument("--data-dir", help="folder holding the dataset folders (default $PALT_DATA, else ./data)")
-    p.add_argument("--model", default="minilm", help="tokenizer for --stats: minilm or a model name/dir")
-    p.add_argument("--text", default="name", choices=["name", "long"])
-    args = p.parse_args()
-    if not (args.stats or args.download):
-        p.error("nothing to do: give --stats or --download NAME")
-    try:
-        if args.download:
-            download(args.download, args.data_dir)
-        if args.stats:
-            stats(args.data_dir, args.model, args.text)
-    except (DataError, bert.CheckpointError) as e:
-        raise SystemExit(f"error: {e}")

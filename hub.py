@@ -1,9 +1,15 @@
-"""Downloads, kept out of the model-reading path: base models from the Hugging Face hub (into weights/, or
-$PALT_WEIGHTS) and the benchmarks from KG-BERT's repository (checked against data.sha256). Every file is fetched
-into a .part file that a rerun resumes, checked for size and sha256, then renamed into place atomically.
-Tests point PALT_HUB_URL / PALT_DATA_URL at a local server; bert.py and data.py call in, never the reverse.
+"""Files, kept out of the model-reading path: base models from the Hugging Face hub (into weights/, or
+$PALT_WEIGHTS) and the benchmarks from KG-BERT's repository (checked against data.sha256), and their checks.
+
+    python hub.py --download umls [--data-dir D]        (a benchmark, into D, else $PALT_DATA, else ./data)
+    python hub.py --stats [--data-dir D] [--text long]  (every benchmark found, beside the paper's counts)
+    python hub.py --check bert-base-cased               (a model: what loads, and one NSP probability)
+
+Every file is fetched into a .part file that a rerun resumes, checked for size and sha256, then renamed into place.
+Tests point PALT_HUB_URL / PALT_DATA_URL at a local server. bert.py and data.py import this module; its command
+line imports them in turn, inside the functions that use them.
 """
-import hashlib, os, re, sys, urllib.error, urllib.request
+import argparse, hashlib, os, re, sys, urllib.error, urllib.request
 from pathlib import Path
 
 WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", Path(__file__).parent / "weights"))  # downloaded base models
@@ -107,3 +113,84 @@ def benchmark(folder, target, base_url=None, sums=None):
                                 f"KG-BERT's data/{folder}/ into {target}/ (or point --data-dir / PALT_DATA at them)") from None
         print(f"{dest}  ok", file=sys.stderr)
     return Path(target)
+
+
+def dataset(name, data_dir=None, base_url=None, sums=None):
+    """`--download NAME`: KG-BERT's files of one benchmark into <data root>/<folder>."""
+    import data
+    name, folder, _ = data.dataset(name)
+    return benchmark(folder, data.data_root(data_dir) / folder, base_url, sums)
+
+# ----------------------------------------------------------------------------- checks: --stats, --check
+
+
+PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: positives only)
+    "fb15k-237": (14541, 237, 272115, 17535, 20466), "wn18rr": (40943, 11, 86835, 3034, 3134),
+    "umls": (135, 46, 5216, 652, 661), "wn11": (38696, 11, 112581, 2609, 10544),
+    "fb13": (75043, 13, 316232, 5908, 23733),
+}
+
+
+def stats(data_dir=None, model="minilm", text="name"):
+    """The counts of every benchmark found, beside the paper's, and its entity texts' token lengths."""
+    import bert, data
+    tok, root = bert.load_tokenizer(bert.resolve_model(model)), data.data_root(data_dir)
+    found = [name for name, (folder, _) in data.DATASETS.items() if (root / folder).is_dir()]
+    if not found:
+        raise data.DataError(f"{root}: none of {', '.join(f for f, _ in data.DATASETS.values())} is there "
+                             "(--data-dir, PALT_DATA)")
+    n = lambda x: f"{x:,}"
+    count = lambda split, labels: n(len(split)) if labels is None else f"{n(labels.sum())}+{n((~labels).sum())}"
+    row = "{:10} {:24} {:>18} {:>4} {:>8} {:>13} {:>15} {:>8} {:>4} | {}".format
+    print(f"data {root}, tokenizer {model}, --text {text}; tc dev/test = positives+negatives")
+    print(row("dataset", "entity text", "entities (text)", "rel", "train", "dev", "test", "tok mean", "max",
+              "paper: entities rel train dev test"))
+    for name in found:
+        kg = data.load_kg(name, root, text)
+        off = data.encode(kg, tok).ent_off
+        tokens = off[1:] - off[:-1]  # token count of every entity text
+        print(row(kg.folder.name, kg.text_file, f"{n(len(kg.split_entities))} ({n(len(kg.entities))})",
+                  len(kg.relations), n(len(kg.train)), count(kg.dev, kg.dev_labels), count(kg.test, kg.test_labels),
+                  f"{tokens.mean():.1f}", tokens.max(), " ".join(map(n, PAPER[name]))))
+
+
+def check(name_or_path):
+    """What was loaded, and the NSP probability of one sentence pair: the first smoke test for a model."""
+    import bert, torch
+    m = bert.load_bert(name_or_path)
+    print(f"model   {m.path}\nconfig  {m.config}\nsha256  {m.weights_sha256}\n"
+          f"params  {sum(p.numel() for p in m.model.parameters()):,}")
+    for head in ("pooler", "nsp"):
+        new = "NEW: no pretrained NSP head in the checkpoint, so PALT trains it"
+        print(f"{head:7} {new if head in m.new_heads else 'pretrained'}")
+    tok, a, b = m.tokenizer, "Paris is the capital of", "France."
+    ids_a, ids_b = (tok.encode(s, add_special_tokens=False).ids for s in (a, b))
+    ids = torch.tensor([[tok.token_to_id("[CLS]"), *ids_a, tok.token_to_id("[SEP]"), *ids_b, tok.token_to_id("[SEP]")]])
+    types = torch.tensor([[0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)])
+    with torch.inference_mode():
+        p = m.model.eval()(ids, types, torch.ones_like(ids)).nsp_logits.softmax(-1)[0, 0].item()
+    print(f"NSP     P(is next | {a!r}, {b!r}) = {p:.4f}" + (" (head untrained)" if m.new_heads else ""))
+
+
+if __name__ == "__main__":
+    import bert, data
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--download", metavar="NAME", help=f"fetch one of {', '.join(data.DATASETS)} from KG-BERT's repository")
+    p.add_argument("--stats", action="store_true", help="counts of every benchmark found beside the paper's")
+    p.add_argument("--check", metavar="MODEL", help=f"minilm, {', '.join(HUB_MODELS)}, or a directory with model.safetensors")
+    p.add_argument("--data-dir", help="folder holding the dataset folders (default $PALT_DATA, else ./data)")
+    p.add_argument("--model", default="minilm", help="tokenizer for --stats: minilm or a model name/dir")
+    p.add_argument("--text", default="name", choices=["name", "long"], help="--stats: entity names or descriptions")
+    args = p.parse_args()
+    if not (args.download or args.stats or args.check):
+        p.error("nothing to do: give --download NAME, --stats or --check MODEL")
+    try:
+        if args.download:
+            dataset(args.download, args.data_dir)
+        if args.stats:
+            stats(args.data_dir, args.model, args.text)
+        if args.check:
+            check(args.check)
+    except (DownloadError, data.DataError, bert.CheckpointError) as e:
+        raise SystemExit(f"error: {e}")

@@ -204,7 +204,7 @@ def test_an_unreadable_model_file_says_permission_denied(tmp_path, monkeypatch):
 
 
 def test_check_cli_reports_heads():
-    r = subprocess.run([sys.executable, str(ROOT / "bert.py"), "--check", "minilm"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(ROOT / "hub.py"), "--check", "minilm"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "22,713,986" in r.stdout and "nsp     NEW" in r.stdout and "P(is next" in r.stdout
 

@@ -1,4 +1,4 @@
-"""Nothing lost, no traceback: the real command lines (train.py, evaluate.py, data.py, bert.py --check) on bad input
+"""Nothing lost, no traceback: the real command lines (train.py, evaluate.py, hub.py) on bad input
 and faults, on a tiny BERT and tiny data. The table's cases run each script as __main__ inside this process (runpy:
 the same code, without the seconds that starting Python and importing torch cost per case); a few of them also run
 as subprocesses, to show that the two agree; the kill and resume tests run as subprocesses.
@@ -311,23 +311,23 @@ CASES = [
       evaluate("--lp", "--ckpt", "{run}", "--text", "long", "--out", "{tmp}/r.json"), ("{run}/best.safetensors", "--text")),
     C("eval-zero-shot-headless", "zero-shot with a model without NSP head",
       evaluate("--lp", "--data", "umls", "--model", "{headless}", "--out", "{tmp}/r.json"), ("{headless}", "NSP head")),
-    # --------------------------------------------------------------- data.py and bert.py --check
+    # --------------------------------------------------------------- hub.py: --download, --stats, --check
     C("data-download-unknown", "--download of an unknown dataset",
-      ["data.py", "--download", "nosuch", "--data-dir", "{tmp}/dl"], ("nosuch", "unknown dataset")),
-    C("data-stats-empty", "--stats on a folder without datasets", ["data.py", "--stats", "--data-dir", "{empty}",
+      ["hub.py", "--download", "nosuch", "--data-dir", "{tmp}/dl"], ("nosuch", "unknown dataset")),
+    C("data-stats-empty", "--stats on a folder without datasets", ["hub.py", "--stats", "--data-dir", "{empty}",
                                                                     "--model", "{bert}"], ("{empty}",)),
-    C("data-stats-bad-file", "--stats over a malformed split", ["data.py", "--stats", "--data-dir", "{data}",
+    C("data-stats-bad-file", "--stats over a malformed split", ["hub.py", "--stats", "--data-dir", "{data}",
                                                                  "--model", "{bert}"], ("{data}/umls/train.tsv:3:",),
       setup=data_copy("umls", "train.tsv", line(3, lambda b: b + b"\textra"))),
-    C("bert-check-missing", "a model folder that is not there", ["bert.py", "--check", "{tmp}/nosuchdir"],
+    C("bert-check-missing", "a model folder that is not there", ["hub.py", "--check", "{tmp}/nosuchdir"],
       ("{tmp}/nosuchdir",)),
-    C("bert-check-no-weights", "a folder without model.safetensors", ["bert.py", "--check", "{noweights}"],
+    C("bert-check-no-weights", "a folder without model.safetensors", ["hub.py", "--check", "{noweights}"],
       ("{noweights}/model.safetensors",)),
-    C("bert-check-wrong-shape", "a weight of the wrong shape", ["bert.py", "--check", "{wrongshape}"],
+    C("bert-check-wrong-shape", "a weight of the wrong shape", ["hub.py", "--check", "{wrongshape}"],
       ("{wrongshape}/model.safetensors", "'bert.encoder.layer.1.attention.self.key.weight'", "(32, 31)")),
-    C("bert-check-heads", "hidden_size 32 in 5 attention heads", ["bert.py", "--check", "{badheads}"],
+    C("bert-check-heads", "hidden_size 32 in 5 attention heads", ["hub.py", "--check", "{badheads}"],
       ("{badheads}/config.json", "num_attention_heads 5")),
-    C("bert-check-bad-json", "a config.json that is not JSON", ["bert.py", "--check", "{badjson}"],
+    C("bert-check-bad-json", "a config.json that is not JSON", ["hub.py", "--check", "{badjson}"],
       ("{badjson}/config.json",)),
 ]
 

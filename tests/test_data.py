@@ -347,7 +347,7 @@ def server(tmp_path):
 
 def test_download_fetches_checks_and_loads(tmp_path, server):
     url, sums = server
-    folder = data.download("umls", tmp_path / "dl", base_url=url, sums=sums)
+    folder = hub.dataset("umls", tmp_path / "dl", base_url=url, sums=sums)
     assert folder == tmp_path / "dl" / "umls" and sorted(p.name for p in folder.iterdir()) == sorted(KG_FILES)
     assert load_kg("umls", tmp_path / "dl").entities == ["a", "b", "c", "d", "x"]
 
@@ -355,8 +355,8 @@ def test_download_fetches_checks_and_loads(tmp_path, server):
 def test_a_corrupted_download_leaves_nothing_behind(tmp_path, server):
     url, sums = server
     sums["umls"]["train.tsv"] = "0" * 64
-    with pytest.raises(DataError, match=r"train.tsv: sha256 \w+ is not the expected 0{64}"):
-        data.download("umls", tmp_path / "dl", base_url=url, sums=sums)
+    with pytest.raises(hub.DownloadError, match=r"train.tsv: sha256 \w+ is not the expected 0{64}"):
+        hub.dataset("umls", tmp_path / "dl", base_url=url, sums=sums)
     left = [p.name for p in (tmp_path / "dl" / "umls").iterdir()]
     assert "train.tsv" not in left and not [n for n in left if n.endswith(".part")]
 
@@ -368,10 +368,10 @@ def closed_port():
 
 
 def test_offline_download_says_where_to_put_the_files(tmp_path):
-    with pytest.raises(DataError, match=r"cannot download .* put train.tsv, .* into .*dl/umls/ \(or point --data-dir / PALT_DATA"):
-        data.download("umls", tmp_path / "dl", base_url=f"http://127.0.0.1:{closed_port()}")
+    with pytest.raises(hub.DownloadError, match=r"cannot download .* put train.tsv, .* into .*dl/umls/ \(or point --data-dir / PALT_DATA"):
+        hub.dataset("umls", tmp_path / "dl", base_url=f"http://127.0.0.1:{closed_port()}")
     env = dict(os.environ, PALT_DATA_URL=f"http://127.0.0.1:{closed_port()}")
-    r = subprocess.run([sys.executable, str(ROOT / "data.py"), "--download", "umls", "--data-dir", str(tmp_path / "dl")],
+    r = subprocess.run([sys.executable, str(ROOT / "hub.py"), "--download", "umls", "--data-dir", str(tmp_path / "dl")],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "cannot download" in r.stderr
@@ -387,7 +387,7 @@ def test_stats_cli_prints_counts(tmp_path):
     """(Its errors: data-stats-* in test_cli_errors.py's CASES.)"""
     write_kg(tmp_path / "d")
     write_kg(tmp_path / "d", "WN11", TC_FILES)
-    r = subprocess.run([sys.executable, str(ROOT / "data.py"), "--stats", "--data-dir", str(tmp_path / "d")],
+    r = subprocess.run([sys.executable, str(ROOT / "hub.py"), "--stats", "--data-dir", str(tmp_path / "d")],
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, PALT_CACHE=str(tmp_path)))
     assert r.returncode == 0, r.stderr
     umls = next(line for line in r.stdout.splitlines() if line.startswith("umls"))
