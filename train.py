@@ -48,6 +48,7 @@ class Run:
     epochs: int | None = None
     max_steps: int | None = None  # stop (and schedule the learning rate) as if training ended after this many steps
     lr: float | None = None
+    head_lr: float | None = None  # the heads the checkpoint lacked (MiniLM's pooler and NSP head); None: lr
     batch: int | None = None
     negatives: tuple | None = None
     prompts: tuple | None = None
@@ -82,7 +83,7 @@ def int_list(s, n=None):
 
 
 # flag -> (lowest allowed, whether the lowest itself is allowed); checked before anything loads
-LIMITS = {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "batch": (1, True), "dev_limit": (1, True),
+LIMITS = {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "head_lr": (0, False), "batch": (1, True), "dev_limit": (1, True),
           "dev_sample": (1, True), "dev_every": (1, True), "max_seq_length": (4, True), "warmup": (0, True), "weight_decay": (0, True),
           "grad_clip": (0, False), "seed": (0, True), "log_every": (1, True)}
 
@@ -101,6 +102,8 @@ def parse_args(argv=None):
     ap.add_argument("--epochs", type=int)
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (the schedule ends there)")
     ap.add_argument("--lr", type=float)
+    ap.add_argument("--head-lr", type=float, help="peak lr of the heads the model lacked, trained from scratch "
+                    "(MiniLM's pooler and NSP head; default --lr)")
     ap.add_argument("--batch", type=int, help="positive triples per step over all ranks")
     ap.add_argument("--negatives", type=lambda s: int_list(s, 3), help="head,relation,tail corruptions per positive, e.g. 5,0,5")
     ap.add_argument("--prompts", type=lambda s: int_list(s, 3), help="b,m,e prompt tokens, e.g. 2,0,0")
@@ -213,7 +216,7 @@ def train_step(ddp_model, opt, params, batch, labels, lr, run, dtype, device):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params.values(), run.grad_clip)
     for g in opt.param_groups:
-        g["lr"] = lr
+        g["lr"] = lr * g["lr_scale"]
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.item()
@@ -246,9 +249,12 @@ def build(run, dtype, device):
             "total": report["total"]}
     model.to(device)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    decay = [p for p in params.values() if p.ndim >= 2]  # no weight decay on biases and LayerNorm
-    no_decay = [p for p in params.values() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": run.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+    groups = {}  # (weight decay: not on biases and LayerNorm, a new head: its own lr) -> parameters
+    for n, p in params.items():
+        groups.setdefault((p.ndim >= 2, n.split(".")[:2] in [["bert", h] for h in model.new_heads]), []).append(p)
+    opt = torch.optim.AdamW([{"params": ps, "weight_decay": run.weight_decay if decay else 0.0,
+                              "lr_scale": (run.head_lr or run.lr) / run.lr if new else 1.0}
+                             for (decay, new), ps in groups.items()],
                             lr=run.lr, betas=(0.9, 0.999), eps=1e-8, fused=device.type == "cuda")
     return model, kg, encode(kg, loaded.tokenizer), meta, params, opt
 
@@ -320,14 +326,15 @@ def main(run):
             triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
             labels = torch.cat([torch.zeros(len(idx)), torch.ones(len(idx) * (seqs_per_pos - 1))]).long().to(device)
             batch = {k: v.to(device, non_blocking=True) for k, v in build_batch(enc, triples, run.prompts, run.max_seq_length).items()}
-            loss = train_step(ddp_model, opt, params, batch, labels, lr_at(step, total, run), run, dtype, device)
+            lr = lr_at(step, total, run)
+            loss = train_step(ddp_model, opt, params, batch, labels, lr, run, dtype, device)
             step, seen, loss_sum, n_steps = step + 1, seen + len(triples) * world, loss_sum + loss, n_steps + 1
             n_real, n_padded = n_real + int(batch["attention_mask"].sum()), n_padded + batch["input_ids"].numel()
             if step % run.log_every == 0 or i == len(order) - 1 or step == total:
                 rate = seen / (time.time() - t0)
                 eta = (total - step) * run.batch * seqs_per_pos / rate
                 log0(f"epoch {epoch + 1}/{run.epochs} step {step}/{total} loss {loss_sum / n_steps:.4f} "
-                     f"lr {opt.param_groups[0]['lr']:.2e} seq/s {rate:.0f} padded/real {n_padded / n_real:.2f} "
+                     f"lr {lr:.2e} seq/s {rate:.0f} padded/real {n_padded / n_real:.2f} "
                      f"{dtype} eta {eta / 60:.1f}m")
             if run.dev_every and step % run.dev_every == 0 and i < len(order) - 1 and step < total:
                 if master_process:  # a point of the curve, and a state to resume from; the epoch's end decides the checkpoints

@@ -68,6 +68,19 @@ def test_a_headless_checkpoint_trains_its_new_heads(setup, tmp_path):
     assert model.bert.nsp.weight.requires_grad and not model.bert.layers[0].q.weight.requires_grad
 
 
+def test_head_lr_scales_the_new_heads_only_and_weight_decay_skips_biases(setup, tmp_path):
+    root, _, headless = setup
+    for extra, head_scale in (([], 1.0), (["--head-lr", "3e-2"], 10.0)):
+        a = args(setup, tmp_path, *extra)
+        a[a.index("--model") + 1] = str(headless)
+        model, _, _, _, params, opt = train.build(train.parse_args(a), "fp32", torch.device("cpu"))
+        group = {id(p): g for g in opt.param_groups for p in g["params"]}
+        assert sum(len(g["params"]) for g in opt.param_groups) == len(params)
+        for n, p in params.items():
+            assert group[id(p)]["lr_scale"] == pytest.approx(head_scale if n.startswith(("bert.pooler.", "bert.nsp.")) else 1.0), n
+            assert group[id(p)]["weight_decay"] == (0.01 if p.ndim >= 2 else 0.0), n
+
+
 def test_dev_every_adds_a_curve_and_changes_no_weight(setup, tmp_path, capsys):
     plain = train.main(train.parse_args(args(setup, tmp_path / "plain", "--epochs", "2", "--dtype", "fp32", data="wn11")))
     curve = train.main(train.parse_args(args(setup, tmp_path / "curve", "--epochs", "2", "--dtype", "fp32",
