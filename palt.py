@@ -14,7 +14,7 @@ import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import save
 
-from bert import CheckpointError, attention_mask_bias, cpu_has_native_bf16, load_bert, resolve_dtype
+from bert import CheckpointError, attention_mask_bias, cpu_has_native_bf16, load_bert, readable, resolve_dtype
 
 ROOT = Path(__file__).resolve().parent  # the project: shipped adapters in ROOT/weights, paths in results relative to it
 
@@ -159,15 +159,11 @@ CHECKPOINT_KEYS = ("model", "weights_sha256", "data", "data_fingerprint", "text"
 def read_checkpoint(path, kind="checkpoint", tensors=True):
     """(tensors, meta) of a PALT checkpoint (kind 'checkpoint') or of train.py's resume state (kind 'train-state');
     tensors=False reads the metadata alone ({} for the tensors): the checks made before anything loads."""
+    name = readable(path)  # missing, or permission denied: one line (safetensors calls both "not found")
     try:
-        open(path, "rb").close()  # safetensors reports every failed open as "not found": learn the real reason
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(name, framework="pt") as f:
             meta = json.loads((f.metadata() or {})["meta"])
             tensors = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such checkpoint") from None
-    except PermissionError:
-        raise CheckpointError(f"{path}: cannot read it (permission denied)") from None
     except Exception as e:  # a truncated or foreign file: say so in one line
         raise CheckpointError(f"{path}: not a PALT {kind} ({type(e).__name__}: {e})") from None
     if meta.get("kind", "checkpoint") != kind:  # checkpoints written before 'kind' existed are checkpoints

@@ -119,7 +119,7 @@ def test_checkpoint_roundtrip_and_wrong_base(base, tmp_path):
 
 
 def test_an_unreadable_checkpoint_says_permission_denied_not_missing(base, tmp_path, monkeypatch, capsys):
-    import builtins, palt
+    import builtins, bert
     loaded = load_bert(base)
     path = tmp_path / "c.safetensors"
     save_checkpoint(path, PALT(loaded.model, PaltConfig(prompts=(1, 0, 0))), {
@@ -130,7 +130,7 @@ def test_an_unreadable_checkpoint_says_permission_denied_not_missing(base, tmp_p
         if str(file) == str(path):
             raise PermissionError(13, "Permission denied", str(file))
         return builtins.open(file, *a, **k)
-    monkeypatch.setattr(palt, "open", no_read, raising=False)
+    monkeypatch.setattr(bert, "open", no_read, raising=False)  # palt.read_checkpoint opens through bert.readable
     with pytest.raises(CheckpointError, match=r"c.safetensors: cannot read it \(permission denied\)$"):
         load_checkpoint(path)
     import evaluate  # and on the command line: one line naming the file, before anything loads
