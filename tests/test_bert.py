@@ -107,7 +107,7 @@ def entity_texts(n=400):
 
 
 def test_tokenizer_matches_hf_uncased(tmp_path):
-    minilm = bert.resolve_model("minilm")
+    minilm = hub.model_dir("minilm")
     texts = entity_texts()
     ref = transformers.BertTokenizerFast(str(minilm / "vocab.txt"), do_lower_case=True)
     expected = [ref(t, add_special_tokens=False)["input_ids"] for t in texts]

@@ -7,6 +7,7 @@ import torch
 
 import data
 import evaluate
+import hub
 from evaluate import best_threshold, query_ranks, rank_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +146,7 @@ def tiny_bert(tmp_path_factory):
     torch.manual_seed(0)
     cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37)
     transformers.BertForNextSentencePrediction(cfg).save_pretrained(d)
-    (d / "vocab.txt").write_bytes((bert.resolve_model("minilm") / "vocab.txt").read_bytes())
+    (d / "vocab.txt").write_bytes((hub.model_dir("minilm") / "vocab.txt").read_bytes())
     (d / "tokenizer_config.json").write_text('{"do_lower_case": true}')
     return d
 
@@ -252,8 +253,8 @@ def test_scorer_batches_give_each_triple_its_own_score(trained):
     triples = np.array([(h, r, t) for h in range(10) for r in range(2) for t in range(0, 10, 3)])
     lengths = data.seq_lengths(enc, triples, (2, 1, 1), 12)
     assert len(set(lengths)) > 1  # rows of several lengths, so sorting and padding are exercised
-    batched = evaluate.Scorer(model, enc, (2, 1, 1), 12, 40, "cpu")(triples)
-    alone = torch.cat([evaluate.Scorer(model, enc, (2, 1, 1), 12, 40, "cpu")(t[None]) for t in triples])
+    batched = evaluate.Scorer(model, enc, (2, 1, 1), 12, "cpu", tokens=40)(triples)
+    alone = torch.cat([evaluate.Scorer(model, enc, (2, 1, 1), 12, "cpu", tokens=40)(t[None]) for t in triples])
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
 
 
@@ -262,7 +263,7 @@ def test_lp_from_a_checkpoint_matches_the_library_call(trained, lp_root, tmp_pat
     got = run_cli("--lp", "--data", "umls", "--data-dir", lp_root, "--ckpt", path, "--out", tmp_path / "r.json", "--raw",
                   "--dtype", "fp32")  # the library call scores in fp32; auto is bf16 on CPUs with native bf16
     assert got["settings"]["prompts"] == [2, 1, 1] and got["data_fingerprint"] == kg.fingerprint
-    want = evaluate.rank_split(model, kg, enc, "test", (2, 1, 1), 12, "cpu")
+    want = evaluate.rank_split(evaluate.Scorer(model, enc, (2, 1, 1), 12), kg, "test")
     assert got["metrics"]["filtered"]["both"]["realistic"] | {"candidates": got["counts"]["candidates"]} == pytest.approx(want)
     assert "raw, realistic ranks" in capsys.readouterr().out
     # a limited run is labelled an estimate
@@ -283,7 +284,7 @@ def test_predict_lists_the_top_completions(trained, lp_root, capsys):
                    "--topk", "4", "--dtype", "fp32"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("(apple, part of, ?) over 10 candidates") and len(lines) == 5
-    s = evaluate.score_triples(model, enc, [(0, 0, t) for t in range(10)], (2, 1, 1), 12, "cpu")
+    s = evaluate.Scorer(model, enc, (2, 1, 1), 12)([(0, 0, t) for t in range(10)]).numpy()
     top = [int(line.split()[-2][1:]) for line in lines[1:]]  # the entity id column: e<i>
     assert top == list(np.argsort(-s, kind="stable")[:4])
     assert all(("*" in line) == ((0, 0, t) in TRAIN + DEV + TEST) for line, t in zip(lines[1:], top))
@@ -300,7 +301,7 @@ def test_triple_classification(tiny_bert, tmp_path, capsys):
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(**evaluate.ZERO_SHOT))
     kg = data.load_kg("wn11", root)
     enc = data.encode(kg, loaded.tokenizer)
-    s_dev, s_test = (evaluate.score_triples(model, enc, t, (0, 0, 0), 192, "cpu") for t in (kg.dev, kg.test))
+    s_dev, s_test = (evaluate.Scorer(model, enc, (0, 0, 0), 192)(t).numpy() for t in (kg.dev, kg.test))
     theta, dev_acc = best_threshold(s_dev, kg.dev_labels)
     assert got["dev_accuracy"] == pytest.approx(dev_acc) and got["threshold"] == pytest.approx(theta)
     assert got["test_accuracy"] == pytest.approx(np.mean((s_test > theta) == kg.test_labels))

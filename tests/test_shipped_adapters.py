@@ -42,7 +42,7 @@ def dtype_and_tolerance(result, exact):
 def test_a_triple_classification_adapter_reproduces_its_dev_accuracy(name):
     model, meta, enc, kg, result = shipped(name)
     dtype, tolerance = dtype_and_tolerance(result, 0.001)
-    scores = evaluate.score_triples(model, enc, kg.dev, meta["prompts"], meta["max_seq_length"], "cpu", dtype=dtype)
+    scores = evaluate.Scorer(model, enc, meta["prompts"], meta["max_seq_length"], "cpu", dtype)(kg.dev).numpy()
     _, acc = evaluate.best_threshold(scores, kg.dev_labels)
     # the whole dev set, re-scored: a borderline triple or two may flip with the thread count (1 in 5,218 = 0.0002)
     assert acc == pytest.approx(result["metrics"]["dev_accuracy"], abs=tolerance)
@@ -55,8 +55,8 @@ def test_the_link_prediction_adapter_reproduces_its_estimate_and_agrees_with_its
     # `python evaluate.py --lp --limit 60 --dtype fp32` wrote this estimate (RESULTS.md, UMLS estimates)
     stored = json.loads((ROOT / "results" / "umls-palt-umls-minilm-lp-test-limit60-seed0.json").read_text())["metrics"]
     dtype, tolerance = dtype_and_tolerance(result, 0.01)
-    sample = evaluate.rank_split(model, kg, enc, "test", meta["prompts"], meta["max_seq_length"], "cpu", limit=60,
-                                 seed=0, dtype=dtype)
+    sample = evaluate.rank_split(evaluate.Scorer(model, enc, meta["prompts"], meta["max_seq_length"], "cpu", dtype),
+                                 kg, "test", limit=60, seed=0)
     est = stored["filtered"]["both"]["realistic"]
     for k in ("mrr", "hits@1", "hits@10"):  # the same 60 triples: the same ranks, up to a rare bf16 flip
         assert sample[k] == pytest.approx(est[k], abs=2 * tolerance), k
