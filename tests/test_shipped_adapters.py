@@ -38,6 +38,7 @@ def dtype_and_tolerance(result, exact):
     return "fp32", 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in ("wn11", "fb13") if ADAPTERS[n].is_file()])  # every one shipped
 def test_a_triple_classification_adapter_reproduces_its_dev_accuracy(name):
     model, meta, enc, kg, result = shipped(name)
@@ -48,6 +49,7 @@ def test_a_triple_classification_adapter_reproduces_its_dev_accuracy(name):
     assert acc == pytest.approx(result["metrics"]["dev_accuracy"], abs=tolerance)
 
 
+@pytest.mark.slow
 def test_the_link_prediction_adapter_reproduces_its_estimate_and_agrees_with_its_full_ranking():
     model, meta, enc, kg, result = shipped("umls")
     full = result["metrics"]["filtered"]["both"]["realistic"]
