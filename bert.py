@@ -13,24 +13,15 @@ from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 import hub
-from hub import sha256_file  # the identity of weights files, here and in checkpoints
+from hub import readable, sha256_file  # one-line errors for unreadable files; the identity of weights files
+
 
 class CheckpointError(ValueError):
     """A model file that cannot be used; the message is one line naming the file (and key)."""
 
 
-def readable(path):
-    """str(path) once open() works on it: safetensors and tokenizers report every failed open as a missing file."""
-    try:
-        open(path, "rb").close()
-    except OSError as e:
-        raise CheckpointError(f"{path}: " + ("cannot read it (permission denied)" if isinstance(e, PermissionError)
-                                             else "no such file")) from None
-    return str(path)
-
-
 def read_json(path):
-    raw = Path(readable(path)).read_bytes()
+    raw = Path(readable(path, CheckpointError)).read_bytes()
     try:
         d = json.loads(raw)
     except ValueError as e:  # not UTF-8, not JSON
@@ -215,7 +206,7 @@ def our_name(hf_key):
 def read_safetensors(path):
     """({our name: fp32 tensor}, {our name: checkpoint key}); an unknown key is an error, IGNORED ones are skipped."""
     try:
-        with safe_open(readable(path), framework="pt") as f:
+        with safe_open(readable(path, CheckpointError), framework="pt") as f:
             keys = {name: key for key in f.keys() if (name := our_name(key)) is not None}
             return {name: f.get_tensor(key).float() for name, key in keys.items()}, keys
     except KeyError as e:
@@ -251,10 +242,10 @@ def load_tokenizer(model_dir):
     """WordPiece tokenizer from tokenizer.json or vocab.txt, lower-casing/accents as the checkpoint was trained."""
     d = Path(model_dir)
     if (d / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(readable(d / "tokenizer.json"))
+        tok = Tokenizer.from_file(readable(d / "tokenizer.json", CheckpointError))
     elif (d / "vocab.txt").is_file():
         conf = read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").is_file() else {}
-        tok = Tokenizer(models.WordPiece.from_file(readable(d / "vocab.txt"), unk_token="[UNK]"))
+        tok = Tokenizer(models.WordPiece.from_file(readable(d / "vocab.txt", CheckpointError), unk_token="[UNK]"))
         # Without a tokenizer config, an uncased model is recognised by its name (HF's own convention);
         # strip_accents=None means "strip when lower-casing", as in BERT's original BasicTokenizer.
         tok.normalizer = normalizers.BertNormalizer(lowercase=conf.get("do_lower_case", "uncased" in d.name.lower()),

@@ -1,25 +1,23 @@
 """Knowledge graphs in KG-BERT's text format -> BERT sentence pairs with PALT's prompt slots.
 
 Data lives in --data-dir, else $PALT_DATA, else ./data; one folder per benchmark (../shared/data/README.md).
-Token ids of entity/relation texts are cached in $PALT_CACHE (else ~/.cache/palt) as .npz keyed by the
-tokenizer and the files read, because the data folder may be read-only.
 """
-import hashlib, os, tempfile, zipfile
+import hashlib, os
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from hub import readable
 
-DATASETS = {  # name -> (folder, task); 'lp' link prediction, 'tc' triple classification
-    "fb15k-237": ("FB15k-237", "lp"), "wn18rr": ("WN18RR", "lp"), "umls": ("umls", "lp"),
-    "wn11": ("WN11", "tc"), "fb13": ("FB13", "tc"),
-}
-TEXT_FILES = {  # name -> (entity names, entity descriptions for --text long; None: the release has none)
-    "fb15k-237": ("entity2text.txt", "entity2textlong.txt"), "umls": ("entity2text.txt", "entity2textlong.txt"),
-    "wn18rr": ("entity2text.txt", "entity2text.txt"),  # WN18RR's names already carry the synset definition
-    "wn11": ("entity2text.txt", None), "fb13": ("entity2text_capital.txt", "entity2text.txt"),
+
+DATASETS = {  # name -> (folder, task: 'lp' link prediction or 'tc' triple classification, entity names file,
+    # entity descriptions file for --text long: None where the release has none)
+    "fb15k-237": ("FB15k-237", "lp", "entity2text.txt", "entity2textlong.txt"),
+    "wn18rr": ("WN18RR", "lp", "entity2text.txt", "entity2text.txt"),  # its names already carry the synset definition
+    "umls": ("umls", "lp", "entity2text.txt", "entity2textlong.txt"),
+    "wn11": ("WN11", "tc", "entity2text.txt", None), "fb13": ("FB13", "tc", "entity2text_capital.txt", "entity2text.txt"),
 }
 
 
@@ -34,7 +32,7 @@ def data_root(arg=None):
 def dataset(name):
     if name.lower() not in DATASETS:
         raise DataError(f"{name}: unknown dataset (one of {', '.join(DATASETS)})")
-    return name.lower(), *DATASETS[name.lower()]
+    return name.lower(), *DATASETS[name.lower()][:2]  # name, folder, task
 
 
 # ----------------------------------------------------------------------------- loading
@@ -42,12 +40,7 @@ def _read_rows(path, digest, ncols):
     """Tab-separated rows of a UTF-8 file, ncols in each; BOM, CRs, whitespace around lines and trailing blank lines
     are dropped (WN11's entity2text.txt has lines with a trailing tab, which KG-BERT's line.strip() dropped too).
     The file's bytes go into `digest`."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:  # a folder counts as missing; a file that cannot be read says so
-        raise DataError(f"{path}: " + ("cannot read it (permission denied)" if isinstance(e, PermissionError)
-                                       else "file not found")) from None
+    raw = Path(readable(path, DataError)).read_bytes()  # missing, or permission denied: one line
     digest.update(path.name.encode() + b"\0" + raw)
     try:
         lines = raw.decode("utf-8-sig").replace("\r\n", "\n").split("\n")
@@ -130,7 +123,7 @@ def load_kg(name, data_dir=None, text="name"):
         raise ValueError(f"text must be 'name' or 'long', not {text!r}")
     if not folder.is_dir():
         raise DataError(f"{folder}: no such dataset folder (python hub.py --download {name}, or set --data-dir / PALT_DATA)")
-    names, long = TEXT_FILES[name]
+    names, long = DATASETS[name][2:]
     if text == "long" and (long is None or not (folder / long).is_file()):  # never train on names by surprise
         raise DataError(f"{folder / (long or 'entity2textlong.txt')}: --text long needs the entity descriptions, "
                         f"which {'this release lacks' if long is None else 'are not in the folder'}; use --text name")
@@ -169,35 +162,16 @@ def _flat(encodings):
     return np.concatenate(ids) if ids else np.zeros(0, np.int32), off
 
 
-def encode(kg, tokenizer, cache_dir=None):
-    """Token ids of every entity and relation text, without special tokens; cached (see the module docstring)."""
+def encode(kg, tokenizer):
+    """Token ids of every entity and relation text, without special tokens (~1-2 s for 41k WN18RR definitions)."""
     tok = Tokenizer.from_str(tokenizer.to_str())  # a copy: shipped tokenizers may pad/truncate, we do our own
     tok.no_padding()
     tok.no_truncation()
     specials = [tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")]
     if None in specials:
         raise ValueError("tokenizer lacks one of [CLS], [SEP], [PAD]")
-    key = hashlib.sha256((tok.to_str() + kg.fingerprint).encode()).hexdigest()[:16]
-    cache = Path(cache_dir or os.environ.get("PALT_CACHE") or Path.home() / ".cache" / "palt") / f"{kg.name}-{key}.npz"
-    try:
-        with np.load(cache, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in ("ent_ids", "ent_off", "rel_ids", "rel_off")}
-        if len(arrays["ent_off"]) != len(kg.entities) + 1 or len(arrays["rel_off"]) != len(kg.relations) + 1:
-            arrays = None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # none yet, or damaged: tokenise again
-        arrays = None
-    if arrays is None:
-        ent_ids, ent_off = _flat(tok.encode_batch(kg.ent_text, add_special_tokens=False))
-        rel_ids, rel_off = _flat(tok.encode_batch(kg.rel_text, add_special_tokens=False))
-        arrays = dict(ent_ids=ent_ids, ent_off=ent_off, rel_ids=rel_ids, rel_off=rel_off)
-        try:  # atomic, so that concurrent runs (DDP ranks) never read half a file; a read-only cache is no error
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=cache.parent, suffix=".tmp", delete=False) as f:
-                np.savez(f, **arrays)
-            os.replace(f.name, cache)
-        except OSError:
-            pass
-    return Encoded(*specials, **arrays)
+    return Encoded(*specials, *_flat(tok.encode_batch(kg.ent_text, add_special_tokens=False)),
+                   *_flat(tok.encode_batch(kg.rel_text, add_special_tokens=False)))
 
 
 # ----------------------------------------------------------------------------- sequences

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 import bert
 import data
+import hub
 import palt
 
 KS = (1, 3, 10)  # Hits@k
@@ -235,7 +236,7 @@ class State:
                                      "give another --out, or delete it to start over")
         elif rank == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
-            palt.write_atomic(saved, lambda f: f.write(json.dumps(settings, indent=1).encode()))
+            hub.write_atomic(saved, lambda f: f.write(json.dumps(settings, indent=1).encode()))
         self.prior = np.concatenate([np.zeros((0, 6), np.int64)] +
                                     [read_rows(f, n_triples) for f in sorted(self.folder.glob("rank*.npz"))])
         self.new, self.old = [], [read_rows(self.path, n_triples)] if self.path.exists() else []
@@ -243,7 +244,7 @@ class State:
     def save(self):
         rows = np.concatenate(self.old + self.new or [np.zeros((0, 6), np.int64)])
         try:
-            palt.write_atomic(self.path, lambda f: np.savez(f, rows=rows))
+            hub.write_atomic(self.path, lambda f: np.savez(f, rows=rows))
         except OSError as e:
             raise SystemExit(f"error: cannot save the ranking state {self.path} ({e.strerror or e}); the previous "
                              f"save is kept: make room, and the same command resumes from {self.folder}") from None
@@ -475,7 +476,7 @@ def resolve_source(run):
         ckpt = checkpoint_file(run.ckpt)
     else:
         name = data.dataset(run.data or DEFAULT_DATA[run.task])[0]
-        ckpt = palt.ROOT / "weights" / f"palt-{name}-minilm.safetensors"  # part of the project, whatever PALT_WEIGHTS says
+        ckpt = hub.ROOT / "weights" / f"palt-{name}-minilm.safetensors"  # part of the project, whatever PALT_WEIGHTS says
         if not ckpt.is_file():
             raise SystemExit(f"error: no shipped adapter {ckpt}: train one with python train.py --data {name}, "
                              f"then --ckpt runs/{name}-minilm")
@@ -510,7 +511,7 @@ def train_summary(meta):
     run, arch = json.loads(meta.get("run", "{}")), meta.get("palt", {})
     for k in ("out", "data_dir", "model"):  # a machine's absolute paths stay on that machine
         if isinstance(run.get(k), str) and os.path.isabs(run[k]):
-            run[k] = palt.project_path(run[k])
+            run[k] = hub.project_path(run[k])
     return {"method": "finetune" if arch.get("finetune") else "palt", "model": meta.get("model"),
             "prompts": arch.get("prompts"), "calib_layers": arch.get("calib_layers"),
             "prompt_encoder": arch.get("prompt_encoder"), "prompt_mlp": arch.get("prompt_mlp"),
@@ -524,7 +525,7 @@ def load_model(run, device):
     """(PALT model, tokenizer, info): from a checkpoint, or zero-shot from a base model with a pretrained NSP head."""
     if run.ckpt:
         model, meta, loaded = palt.load_checkpoint(run.ckpt)
-        info = dict(model=meta["model"], ckpt=palt.project_path(run.ckpt), weights_sha256=meta.get("weights_sha256"),
+        info = dict(model=meta["model"], ckpt=hub.project_path(run.ckpt), weights_sha256=meta.get("weights_sha256"),
                     text=meta["text"], prompts=[int(p) for p in meta["prompts"]],
                     max_seq_length=run.max_seq_length or int(meta["max_seq_length"]),
                     data_fingerprint=meta.get("data_fingerprint"),
@@ -574,8 +575,8 @@ def parse_args(argv=None):
     task.add_argument("--predict", dest="task", action="store_const", const="predict",
                       help="top-k completions of ENTITY RELATION")
     ap.add_argument("query", nargs="*", metavar="ENTITY RELATION", help="--predict: by id or by text")
-    ap.add_argument("--data", help=f"{', '.join(data.DATASETS)} (default: the checkpoint's, else umls for --lp and "
-                                   "--predict, wn11 for --tc)")
+    ap.add_argument("--data", choices=list(data.DATASETS), type=str.lower,
+                    help="default: the checkpoint's, else umls for --lp and --predict, wn11 for --tc")
     ap.add_argument("--data-dir", help="folder of the dataset folders (default $PALT_DATA, else ./data)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--ckpt", help="a checkpoint written by train.py, or its run folder (then best.safetensors, "
@@ -607,8 +608,6 @@ def parse_args(argv=None):
         ap.error(f"unexpected arguments {' '.join(args.query)} (only --predict takes ENTITY RELATION)")
     palt.check_limits(ap, args, {**{k: (1, True) for k in ("limit", "topk", "tokens", "block_rows", "max_seq_length",
                                                             "stop_after_queries")}, "seed": (0, True), "save_every": (0, False)})
-    if args.data is not None and args.data.lower() not in data.DATASETS:
-        ap.error(f"--data {args.data}: unknown dataset (one of {', '.join(data.DATASETS)})")
     return Run(**vars(args))
 
 
@@ -628,9 +627,9 @@ def main(argv=None):
         if out and out.is_dir():
             raise SystemExit(f"error: --out {out} is a folder; give the path of a file")
         if out:
-            palt.check_writable(out.parent, f"--out {out}")
+            hub.check_writable(out.parent, f"--out {out}")
         if out and run.task == "lp":  # the resumable ranking state
-            palt.check_writable(state_dir, f"{out}: its ranking state")
+            hub.check_writable(state_dir, f"{out}: its ranking state")
     except (data.DataError, bert.CheckpointError) as e:
         raise SystemExit(f"error: {e}")
     rank, _, world, device, dtype = palt.init_distributed(run.dtype)
@@ -667,7 +666,7 @@ def main(argv=None):
             row += [f"{result['metrics']['dev_accuracy']:.4f}", f"{result['metrics']['test_accuracy']:.4f}"]
         text = json.dumps(result, indent=1) + "\n"
         try:
-            palt.write_atomic(out, lambda f: f.write(text.encode()))
+            hub.write_atomic(out, lambda f: f.write(text.encode()))
         except OSError as e:
             keep = (f"the ranks stay saved in {state.folder}: make room, and the same command writes the results "
                     "without scoring again") if state else "the metrics are printed above"

@@ -1,5 +1,6 @@
-"""Files, kept out of the model-reading path: base models from the Hugging Face hub (into weights/, or
-$PALT_WEIGHTS) and the benchmarks from KG-BERT's repository (checked against data.sha256), and their checks.
+"""Files, kept out of the model-reading path: reading and writing them safely (one-line errors, atomic writes,
+project-relative names), base models from the Hugging Face hub (into weights/, or $PALT_WEIGHTS) and the benchmarks
+from KG-BERT's repository (checked against data.sha256), and their checks.
 
     python hub.py --download umls [--data-dir D]        (a benchmark, into D, else $PALT_DATA, else ./data)
     python hub.py --stats [--data-dir D] [--text long]  (every benchmark found, beside the paper's counts)
@@ -9,10 +10,11 @@ Every file is fetched into a .part file that a rerun resumes, checked for size a
 Tests point PALT_HUB_URL / PALT_DATA_URL at a local server. bert.py and data.py import this module; its command
 line imports them in turn, inside the functions that use them.
 """
-import argparse, hashlib, importlib.util, os, re, sys, urllib.error, urllib.request
+import argparse, hashlib, importlib.util, os, re, sys, tempfile, urllib.error, urllib.request
 from pathlib import Path
 
-WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", Path(__file__).parent / "weights"))  # downloaded base models
+ROOT = Path(__file__).resolve().parent  # the project: shipped adapters in ROOT/weights, paths in results relative to it
+WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", ROOT / "weights"))  # downloaded base models
 HUB = os.environ.get("PALT_HUB_URL", "https://huggingface.co")
 HUB_MODELS = {name: f"google-bert/{name}" for name in ("bert-base-cased", "bert-base-uncased", "bert-large-cased",
                                                        "bert-large-uncased")}
@@ -24,6 +26,53 @@ SHA256SUMS = Path(__file__).with_name("data.sha256")  # KG-BERT's files, as `sha
 class DownloadError(ValueError):
     """A model or data file that cannot be had (a download failed or did not check out, no such model folder):
     one line naming it, and where to put the files instead."""
+
+
+# ----------------------------------------------------------------------------- reading and writing files safely
+def readable(path, error=OSError):
+    """str(path) once open() works on it, else `error` in one line: safetensors and tokenizers report every failed
+    open as "not found", but a file without read permission is not missing."""
+    try:
+        open(path, "rb").close()
+    except OSError as e:  # a folder counts as missing
+        raise error(f"{path}: " + ("cannot read it (permission denied)" if isinstance(e, PermissionError)
+                                   else "no such file")) from None
+    return str(path)
+
+
+def write_atomic(path, write):
+    """write(f) into path.tmp, then rename it over path: a kill, or a disk that fills, keeps the previous file.
+    An OSError (disk full, permissions) comes out after the .tmp is removed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def check_writable(folder, what):
+    """Fail now, in one line, not after hours of work: files must be creatable in `folder`, or in the nearest
+    existing folder above it (folders are made only when something is written)."""
+    folder = Path(folder)
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SystemExit(f"error: {what}: {folder} is not a folder")
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise SystemExit(f"error: {what}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def project_path(path):
+    """How results name a file: relative to the project, else its folder and name (never a machine's absolute path)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else Path(*p.parts[-2:]))
 
 
 def sha256_file(path):
@@ -148,9 +197,9 @@ def stats(data_dir=None, model="minilm", text="name"):
     """The counts of every benchmark found, beside the paper's, and its entity texts' token lengths."""
     import bert, data
     tok, root = bert.load_tokenizer(model_dir(model)), data.data_root(data_dir)
-    found = [name for name, (folder, _) in data.DATASETS.items() if (root / folder).is_dir()]
+    found = [name for name, (folder, *_) in data.DATASETS.items() if (root / folder).is_dir()]
     if not found:
-        raise data.DataError(f"{root}: none of {', '.join(f for f, _ in data.DATASETS.values())} is there "
+        raise data.DataError(f"{root}: none of {', '.join(f for f, *_ in data.DATASETS.values())} is there "
                              "(--data-dir, PALT_DATA)")
     n = lambda x: f"{x:,}"
     count = lambda split, labels: n(len(split)) if labels is None else f"{n(labels.sum())}+{n((~labels).sum())}"

@@ -5,18 +5,16 @@
   Eq. 2        h' = W_c h + b_c + h   after the attention sublayer of chosen layers  (knowledge calibration)
 W_p and W_c start at zero, so an untrained PALT without prompts computes exactly what BERT computes.
 """
-import json, math, os, sys, tempfile
+import json, math, os, sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import save
 
-from bert import CheckpointError, attention_mask_bias, cpu_has_native_bf16, load_bert, readable, resolve_dtype
-
-ROOT = Path(__file__).resolve().parent  # the project: shipped adapters in ROOT/weights, paths in results relative to it
+from bert import CheckpointError, attention_mask_bias, cpu_has_native_bf16, load_bert, resolve_dtype
+from hub import readable, write_atomic
 
 
 class ConfigError(ValueError):
@@ -124,42 +122,13 @@ def save_atomic(path, tensors, meta):
                                               metadata={"meta": json.dumps(meta)})))
 
 
-def write_atomic(path, write):
-    """write(f) into path.tmp, then rename it over path: a kill, or a disk that fills, keeps the previous file.
-    An OSError (disk full, permissions) comes out after the .tmp is removed."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def check_writable(folder, what):
-    """Fail now, in one line, not after hours of work: files must be creatable in `folder`, or in the nearest
-    existing folder above it (folders are made only when something is written)."""
-    folder = Path(folder)
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise SystemExit(f"error: {what}: {folder} is not a folder")
-    try:
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise SystemExit(f"error: {what}: cannot write in {folder} ({e.strerror or e})") from None
-
-
 CHECKPOINT_KEYS = ("model", "weights_sha256", "data", "data_fingerprint", "text", "prompts", "max_seq_length", "palt")
 
 
 def read_checkpoint(path, kind="checkpoint", tensors=True):
     """(tensors, meta) of a PALT checkpoint (kind 'checkpoint') or of train.py's resume state (kind 'train-state');
     tensors=False reads the metadata alone ({} for the tensors): the checks made before anything loads."""
-    name = readable(path)  # missing, or permission denied: one line (safetensors calls both "not found")
+    name = readable(path, CheckpointError)  # missing, or permission denied: one line (safetensors calls both "not found")
     try:
         with safe_open(name, framework="pt") as f:
             meta = json.loads((f.metadata() or {})["meta"])
@@ -234,9 +203,3 @@ def check_seq_length(max_seq_length, n_prompts, positions=None, model=None):
     if positions is not None and max_seq_length > positions:
         raise SystemExit(f"error: --max-seq-length {max_seq_length} (prompts included) exceeds the {positions} "
                          f"positions of {model}")
-
-
-def project_path(path):
-    """How results name a file: relative to the project, else its folder and name (never a machine's absolute path)."""
-    p = Path(path).resolve()
-    return str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else Path(*p.parts[-2:]))

@@ -14,8 +14,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bert import DTYPES, CheckpointError, autocast
 from data import DataError, NegativeSampler, build_batch, encode, load_kg, seq_lengths
-from palt import (ConfigError, PaltConfig, build_palt, check_limits, check_seq_length, check_writable, init_distributed,
-                  palt_meta, param_report, read_checkpoint, save_atomic, trainable_state)
+from hub import check_writable
+from palt import (ConfigError, PaltConfig, build_palt, check_limits, check_seq_length, init_distributed, palt_meta,
+                  param_report, read_checkpoint, save_atomic, trainable_state)
 
 # Two recipes per dataset. paper: the paper's appendix (BERT-base, GPU; umls is not in it: our choice). cpu: ours
 # for MiniLM on a few CPU cores, measured in RESULTS.md. batch = positives per optimizer step over all ranks, each
@@ -197,12 +198,11 @@ def save(out, model, opt, params, meta, names):
     """Writes out/NAME.safetensors for NAME in names: best (dev improved), ckpt (the epoch's end), state (to resume;
     always last, so that a kill in between replays from the previous state). A failed write keeps the previous
     file and says how to continue."""
-    tensors = {"state": lambda: state_tensors(model, opt, params)} | dict.fromkeys(
-        ("best", "ckpt"), lambda: {n: t.cpu() for n, t in trainable_state(model).items()})
     for name in names:
+        state = name == "state"
+        tensors = state_tensors(model, opt, params) if state else {n: t.cpu() for n, t in trainable_state(model).items()}
         try:
-            save_atomic(out / f"{name}.safetensors", tensors[name](), {**meta, "kind": "train-state" if name == "state"
-                                                                       else "checkpoint"})
+            save_atomic(out / f"{name}.safetensors", tensors, {**meta, "kind": "train-state" if state else "checkpoint"})
         except OSError as e:
             raise SystemExit(f"error: cannot write {out / name}.safetensors ({e.strerror}); the previous file is kept: "
                              f"fix that and run again with --resume to continue from the last saved state")
@@ -220,15 +220,6 @@ def train_step(ddp_model, opt, params, batch, labels, lr, run, dtype, device):
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.item()
-
-
-def check_replicas(params, world, print0):
-    """DDP keeps the replicas equal by construction; check it rather than assume it."""
-    flat = torch.cat([p.detach().float().flatten() for p in params.values()])
-    copies = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(copies, flat)
-    print0(f"ranks agree: max |difference| of trainable tensors over {world} ranks = "
-           f"{max((c - flat).abs().max().item() for c in copies):.3g}")
 
 
 def build(run, dtype, device):
@@ -363,7 +354,6 @@ def main(run):
                f"({(out / 'ckpt.safetensors').stat().st_size / 2**20:.1f} MiB), best by dev {out}/best.safetensors "
                f"(epoch {history['best_epoch']})")
     if ddp:
-        check_replicas(params, world, print0)
         del ddp_model  # DDP's reducer holds gloo work; freed at interpreter exit it can abort the process (SIGABRT)
         dist.barrier()
         dist.destroy_process_group()

@@ -45,7 +45,7 @@ def evaluate(*extra):
 
 
 def cli(argv, **env):
-    """Run one of the scripts as the user would: python SCRIPT ARGS in the repository, the token cache in a tmp folder."""
+    """Run one of the scripts as the user would: python SCRIPT ARGS in the repository, no PALT_* variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PALT_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))} \
         | {"OMP_NUM_THREADS": "1"} | env
     return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -99,13 +99,12 @@ def the_error_line(r, code):
 class World:
     """The shared, read-only files: tiny data, tiny models, one trained run, one stopped evaluation."""
     root: Path
-    cache: Path
     paths: dict = field(default_factory=dict)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root, cache = tmp_path_factory.mktemp("cli"), tmp_path_factory.mktemp("cache")
+    root = tmp_path_factory.mktemp("cli")
     words = write_tiny_kg(root / "data", "umls")
     write_tiny_kg(root / "data", "WN11")
     write_tiny_kg(root / "data", "FB13")  # has entity2text_capital.txt but not entity2text.txt (its --text long)
@@ -125,10 +124,10 @@ def world(tmp_path_factory):
     (root / "empty").mkdir()
     (root / "a_file").write_text("a regular file, not a folder\n")
     (root / "garbage.safetensors").write_text("not a checkpoint\n")
-    w = World(root, cache, {k: str(root / k) for k in ("data", "bert", "headless", "badjson", "badheads", "wrongshape",
+    w = World(root, {k: str(root / k) for k in ("data", "bert", "headless", "badjson", "badheads", "wrongshape",
                                                        "noweights", "empty", "a_file", "garbage.safetensors")})
     w.paths |= {"garbage": w.paths["garbage.safetensors"], "run": str(root / "run")}
-    r = cli([a.format(**w.paths) for a in train(out="{run}")], PALT_CACHE=str(cache))
+    r = cli([a.format(**w.paths) for a in train(out="{run}")])
     assert r.returncode == 0, r.stderr
     ckpt = (root / "run" / "ckpt.safetensors").read_bytes()
     (root / "truncated.safetensors").write_bytes(ckpt[:len(ckpt) // 2])
@@ -268,6 +267,7 @@ CASES = [
     C("resume-other-model", "--resume with another base model", train("--resume", "--model", "{headless}", out="{run}"),
       ("{run}/state.safetensors", "weights_sha256")),
     # --------------------------------------------------------------- evaluate.py: flags
+    C("eval-data-unknown", "an unknown dataset", evaluate("--lp", "--data", "nosuch"), ("--data", "'nosuch'"), ARGPARSE),
     C("eval-limit-0", "rank no triples", evaluate("--lp", "--ckpt", "{run}", "--limit", "0"), ("--limit",), ARGPARSE),
     C("eval-topk-0", "no completions", evaluate("--predict", "--ckpt", "{run}", "e1", "r0", "--topk", "0"), ("--topk",),
       ARGPARSE),
@@ -344,7 +344,7 @@ def test_bad_input_is_one_line_naming_the_culprit_and_changes_nothing(case, worl
     if case.setup:
         paths |= {k: str(v) for k, v in case.setup(world, tmp_path).items()}
     before = snapshot(world.root, tmp_path)
-    r = script([a.format(**paths) for a in case.argv], PALT_CACHE=str(world.cache))
+    r = script([a.format(**paths) for a in case.argv])
     msg = the_error_line(r, case.code)
     for name in case.names:
         assert name.format(**paths) in msg, (name.format(**paths), msg)
@@ -357,7 +357,7 @@ def test_a_case_run_as_a_subprocess_gives_the_same_exit_code_and_output(case, wo
     if case.setup:
         paths |= {k: str(v) for k, v in case.setup(world, tmp_path).items()}
     argv = [a.format(**paths) for a in case.argv]
-    a, b = script(argv, PALT_CACHE=str(world.cache)), cli(argv, PALT_CACHE=str(world.cache))
+    a, b = script(argv), cli(argv)
     assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
 
 # ----------------------------------------------------------------------------- kills, and what --resume makes of them
@@ -375,13 +375,13 @@ def test_a_kill_between_the_epoch_end_writes_resumes_from_the_state_to_the_unint
     settings, fp32, one thread) ended, bit for bit."""
     out = tmp_path / "run"
     argv = [a.format(**world.paths) for a in train(out=str(out))]
-    crash = cli(argv, PALT_CACHE=str(world.cache), PALT_TEST_CRASH_AT_STEP=str(STEPS_PER_EPOCH + 3))  # in epoch 2
+    crash = cli(argv, PALT_TEST_CRASH_AT_STEP=str(STEPS_PER_EPOCH + 3))  # in epoch 2
     assert crash.returncode == CRASHED and "Traceback" not in crash.stderr, crash.stderr
     assert meta(out / "state.safetensors")["epoch"] == 1 and meta(out / "ckpt.safetensors")["epoch"] == 1
     for name in ("best.safetensors", "ckpt.safetensors"):  # the kill came after these epoch-2 writes
         shutil.copy2(world.root / "run" / name, out / name)
     assert meta(out / "ckpt.safetensors")["epoch"] == 2
-    resumed = cli(argv + ["--resume"], PALT_CACHE=str(world.cache))
+    resumed = cli(argv + ["--resume"])
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {out}/state.safetensors: epoch 1, step {STEPS_PER_EPOCH}" in resumed.stdout
     for name in ("best.safetensors", "ckpt.safetensors", "state.safetensors"):
@@ -396,7 +396,7 @@ def test_a_kill_between_the_epoch_end_writes_resumes_from_the_state_to_the_unint
 def test_a_finished_run_resumed_again_trains_nothing_and_changes_no_checkpoint(world, tmp_path):
     shutil.copytree(world.root / "run", tmp_path / "run")
     keep = {n: (tmp_path / "run" / n).read_bytes() for n in ("best.safetensors", "ckpt.safetensors", "state.safetensors")}
-    r = cli([a.format(**world.paths) for a in train("--resume", out=str(tmp_path / "run"))], PALT_CACHE=str(world.cache))
+    r = cli([a.format(**world.paths) for a in train("--resume", out=str(tmp_path / "run"))])
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert f"trained {2 * STEPS_PER_EPOCH} steps" in r.stdout and "epoch 2, step 20" in r.stdout
     assert {n: (tmp_path / "run" / n).read_bytes() for n in keep} == keep

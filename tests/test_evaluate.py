@@ -141,7 +141,6 @@ def test_filtered_and_raw_ranks_on_a_graph_where_they_differ(lp_root, candidates
 def tiny_bert(tmp_path_factory):
     """A tiny random BERT with an NSP head (so zero-shot is allowed), in Hugging Face's layout, MiniLM's vocab."""
     transformers = pytest.importorskip("transformers")
-    import bert
     d = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
     cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37)
@@ -149,11 +148,6 @@ def tiny_bert(tmp_path_factory):
     (d / "vocab.txt").write_bytes((hub.model_dir("minilm") / "vocab.txt").read_bytes())
     (d / "tokenizer_config.json").write_text('{"do_lower_case": true}')
     return d
-
-
-@pytest.fixture(autouse=True)
-def token_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))  # data.encode's cache stays out of ~/.cache
 
 
 def run_cli(*args):
@@ -408,8 +402,8 @@ def test_data_defaults_to_the_checkpoints_own_dataset(trained, tmp_path):
 def test_without_ckpt_the_shipped_adapter_is_evaluated(trained, lp_root, tmp_path, monkeypatch, capsys):
     weights = tmp_path / "weights"
     save_like(weights / "palt-umls-minilm.safetensors", trained)
-    monkeypatch.setattr(evaluate.palt, "ROOT", tmp_path)  # the project's own weights/ ...
-    monkeypatch.setattr(evaluate.bert.hub, "WEIGHTS", tmp_path / "elsewhere")  # ... whatever $PALT_WEIGHTS says
+    monkeypatch.setattr(evaluate.hub, "ROOT", tmp_path)  # the project's own weights/ ...
+    monkeypatch.setattr(evaluate.hub, "WEIGHTS", tmp_path / "elsewhere")  # ... whatever $PALT_WEIGHTS says
     monkeypatch.chdir(tmp_path)
     evaluate.main(["--lp", "--data-dir", str(lp_root), "--limit", "2"])  # --data: umls
     got = json.loads((tmp_path / "results" / "umls-palt-umls-minilm-lp-test-limit2-seed0.json").read_text())

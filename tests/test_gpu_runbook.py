@@ -9,7 +9,7 @@ DATA = Path(os.environ.get("PALT_DATA") or ROOT.parent / "shared" / "data")
 
 @pytest.mark.skipif(not (DATA / "umls").is_dir(), reason="needs the umls data ($PALT_DATA or ../shared/data)")
 def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
-    env = dict(os.environ, PALT_DATA=str(DATA), PALT_CACHE=str(tmp_path / "cache"))
+    env = dict(os.environ, PALT_DATA=str(DATA))
     p = subprocess.run([sys.executable, "bench/gpu_runbook.py", "--smoke", "--out", str(tmp_path)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -118,24 +118,36 @@ def test_checkpoint_roundtrip_and_wrong_base(base, tmp_path):
         load_checkpoint(tmp_path / "bad.safetensors")
 
 
-def test_an_unreadable_checkpoint_says_permission_denied_not_missing(base, tmp_path, monkeypatch, capsys):
-    import builtins, bert
-    loaded = load_bert(base)
-    path = tmp_path / "c.safetensors"
-    save_checkpoint(path, PALT(loaded.model, PaltConfig(prompts=(1, 0, 0))), {
-        "model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls", "data_fingerprint": "f",
+def test_every_unreadable_file_says_permission_denied_not_missing(base, tmp_path, monkeypatch):
+    """Every file is opened through hub.readable first (safetensors and tokenizers call any failed open "not
+    found"): a model file, a data file and a checkpoint without read permission say so in one line. Root reads
+    any file, so open() is mocked to refuse one."""
+    import builtins, shutil, evaluate, hub
+    from conftest import write_tiny_kg
+    from data import DataError, load_kg
+    model = shutil.copytree(base, tmp_path / "m")
+    loaded = load_bert(model)
+    ckpt = tmp_path / "c.safetensors"
+    save_checkpoint(ckpt, PALT(loaded.model, PaltConfig(prompts=(1, 0, 0))), {
+        "model": str(model), "weights_sha256": loaded.weights_sha256, "data": "umls", "data_fingerprint": "f",
         "text": "name", "prompts": [1, 0, 0], "max_seq_length": 64})
-
-    def no_read(file, *a, **k):  # what open() does for a file without read permission (root ignores the bits)
-        if str(file) == str(path):
-            raise PermissionError(13, "Permission denied", str(file))
-        return builtins.open(file, *a, **k)
-    monkeypatch.setattr(bert, "open", no_read, raising=False)  # palt.read_checkpoint opens through bert.readable
-    with pytest.raises(CheckpointError, match=r"c.safetensors: cannot read it \(permission denied\)$"):
-        load_checkpoint(path)
-    import evaluate  # and on the command line: one line naming the file, before anything loads
-    with pytest.raises(SystemExit, match=r"^error: .*c.safetensors: cannot read it \(permission denied\)$"):
-        evaluate.main(["--lp", "--ckpt", str(path)])
+    write_tiny_kg(tmp_path)
+    (model / "tokenizer.json").write_text(loaded.tokenizer.to_str())  # read instead of vocab.txt and its config
+    cases = [(model / "model.safetensors", lambda: load_bert(model), CheckpointError),
+             (model / "config.json", lambda: load_bert(model), CheckpointError),
+             (model / "tokenizer.json", lambda: load_bert(model), CheckpointError),
+             (tmp_path / "umls" / "dev.tsv", lambda: load_kg("umls", tmp_path), DataError),
+             (ckpt, lambda: load_checkpoint(ckpt), CheckpointError),
+             (ckpt, lambda: evaluate.main(["--lp", "--ckpt", str(ckpt)]), SystemExit)]  # before anything loads
+    for target, read, error in cases:
+        def refuse(file, *a, **k):  # what open() does for a file without read permission (root ignores the bits)
+            if str(file) == str(target):
+                raise PermissionError(13, "Permission denied", str(file))
+            return builtins.open(file, *a, **k)
+        monkeypatch.setattr(hub, "open", refuse, raising=False)
+        with pytest.raises(error) as e:
+            read()
+        assert str(e.value).removeprefix("error: ") == f"{target}: cannot read it (permission denied)", target
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU's precision")

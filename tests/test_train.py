@@ -20,11 +20,6 @@ def setup(tmp_path_factory):
     return root, make_bert_dir(root / "bert", words, layers=2), make_bert_dir(root / "headless", words, nsp=False)
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
-
-
 def args(setup, out, *extra, data="umls"):
     root, base, _ = setup
     return ["--data", data, "--model", str(base), "--data-dir", str(root / "data"), "--out", str(out),
@@ -122,7 +117,6 @@ def test_two_process_ddp_equals_one_process(setup, tmp_path):
     two = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "train.py", *args(setup, tmp_path / "two", "--epochs", "2", "--dtype", "fp32")], OMP_NUM_THREADS="1")
     assert two.returncode == 0, two.stderr
-    assert "ranks agree: max |difference| of trainable tensors over 2 ranks = 0\n" in two.stdout, two.stdout
     a, b = load_file(tmp_path / "one" / "ckpt.safetensors"), load_file(tmp_path / "two" / "ckpt.safetensors")
     assert set(a) == set(b)
     for k in a:
