@@ -240,11 +240,14 @@ def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
 
 # ----------------------------------------------------------------------------- negatives and link prediction
 class NegativeSampler:
-    """For each train positive: n_head head, n_rel relation, n_tail tail corruptions that are not known facts."""
+    """For each train positive: n_head head, n_rel relation, n_tail tail corruptions that are not known facts, and
+    n_self (0-2) self-negatives (SimKGC's): (h, r, h), then (t, r, t). A text followed by itself reads as a perfect
+    continuation, and random corruptions never show it: without them the query entity outranks the answers."""
 
-    def __init__(self, kg, n_head=1, n_rel=1, n_tail=1, seed=0, rounds=30):
+    def __init__(self, kg, n_head=1, n_rel=1, n_tail=1, n_self=0, seed=0, rounds=30):
         self.kg, self.seed, self.rounds = kg, seed, rounds
-        self.column = np.repeat([0, 1, 2], [n_head, n_rel, n_tail])  # which part each corruption replaces
+        self.column = np.repeat([0, 1, 2, 2, 0], [n_head, n_rel, n_tail, n_self > 0, n_self > 1])  # the part replaced
+        self.is_self = np.arange(len(self.column)) >= n_head + n_rel + n_tail
         self.pools = (kg.split_entities, np.arange(len(kg.relations)), kg.split_entities)
 
     def negatives(self, epoch):
@@ -252,8 +255,9 @@ class NegativeSampler:
         kg, K = self.kg, len(self.column)
         rng = np.random.default_rng([self.seed, epoch])
         neg = np.repeat(kg.train[:, None, :], K, axis=1).reshape(-1, 3)
-        col = np.tile(self.column, len(kg.train))
-        todo = np.arange(len(neg))
+        col, own = np.tile(self.column, len(kg.train)), np.tile(self.is_self, len(kg.train))
+        neg[own, col[own]] = neg[own, 2 - col[own]]  # the tail becomes the head, or the head the tail
+        todo = np.nonzero(~own | kg.is_known(neg))[0]  # a self-pair that is a known fact gets a random one instead
         for _ in range(self.rounds):  # draw all, redraw only the known ones (the positive itself is known too)
             c = col[todo]
             ent = kg.split_entities[rng.integers(len(kg.split_entities), size=len(todo))]

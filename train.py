@@ -70,15 +70,15 @@ class Run:
     resume: bool = False
 
 
-def int_list(s, n=None):
-    """'2,0,0' -> (2, 0, 0): n non-negative integers (--prompts, --negatives), or any number of them and 'none' -> ()
-    (--calib layers)."""
+def int_list(s, n=()):
+    """'2,0,0' -> (2, 0, 0): n (a tuple of allowed counts) non-negative integers (--prompts, --negatives), or any
+    number of them and 'none' -> () (--calib layers)."""
     try:
-        t = () if s == "none" and n is None else tuple(int(x) for x in s.split(","))
+        t = () if s == "none" and not n else tuple(int(x) for x in s.split(","))
     except ValueError:
         t = (-1,)
-    if (n and len(t) != n) or min(t, default=0) < 0:
-        what = f"{n} non-negative integers like 2,0,0" if n else "layer numbers like 6,11, or none"
+    if (n and len(t) not in n) or min(t, default=0) < 0:
+        what = f"{' or '.join(map(str, n))} non-negative integers like 2,0,0" if n else "layer numbers like 6,11, or none"
         raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     return t
 
@@ -106,8 +106,9 @@ def parse_args(argv=None):
     ap.add_argument("--head-lr", type=float, help="peak lr of the heads the model lacked, trained from scratch "
                     "(MiniLM's pooler and NSP head; default --lr)")
     ap.add_argument("--batch", type=int, help="positive triples per step over all ranks")
-    ap.add_argument("--negatives", type=lambda s: int_list(s, 3), help="head,relation,tail corruptions per positive, e.g. 5,0,5")
-    ap.add_argument("--prompts", type=lambda s: int_list(s, 3), help="b,m,e prompt tokens, e.g. 2,0,0")
+    ap.add_argument("--negatives", type=lambda s: int_list(s, (3, 4)),
+                    help="head,relation,tail[,self] corruptions per positive, e.g. 5,0,5 or 1,0,1,2 (self: (h,r,h), (t,r,t))")
+    ap.add_argument("--prompts", type=lambda s: int_list(s, (3,)), help="b,m,e prompt tokens, e.g. 2,0,0")
     ap.add_argument("--calib", type=int_list, help="layers, e.g. 6,11, or none")
     ap.add_argument("--no-wp", action="store_true", help="ablation: no prompt encoder W_p")
     ap.add_argument("--prompt-mlp", action="store_true", help="re-parametrise prompts through an MLP")
@@ -132,6 +133,8 @@ def parse_args(argv=None):
         ap.error(f"--warmup is a fraction of the steps, at most 1, not {run.warmup}")
     if sum(run.negatives) == 0:
         ap.error("--negatives 0,0,0 leaves no false triples to learn from: give at least one corruption per positive")
+    if run.negatives[3:] > (2,):
+        ap.error(f"--negatives: at most 2 self-negatives, (h, r, h) and (t, r, t), not {run.negatives[3]}")
     if run.finetune:  # the paper's Finetuning row: the whole LM, none of PALT's parts
         run.prompts, run.calib, run.no_wp = (0, 0, 0), (), True
     check_seq_length(run.max_seq_length, sum(run.prompts))

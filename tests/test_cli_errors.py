@@ -206,6 +206,8 @@ CASES = [
       ("--negatives", "'-1,1,1'"), ARGPARSE),
     C("train-negatives-none", "no negatives at all: nothing to tell true from false", train("--negatives", "0,0,0"),
       ("--negatives 0,0,0",), ARGPARSE),
+    C("train-negatives-self-3", "three self-negatives: there are two, (h, r, h) and (t, r, t)", train("--negatives", "1,0,1,3"),
+      ("--negatives", "at most 2 self-negatives"), ARGPARSE),
     C("train-lr-negative", "negative learning rate", train("--lr", "-1"), ("--lr",), ARGPARSE),
     C("train-lr-0", "zero learning rate", train("--lr", "0"), ("--lr",), ARGPARSE),
     C("train-lr-inf", "infinite learning rate (would train to NaN)", train("--lr", "inf"), ("--lr", "finite"), ARGPARSE),

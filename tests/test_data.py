@@ -280,6 +280,17 @@ def test_no_valid_corruption_is_a_clear_error(tmp_path):
         NegativeSampler(load_kg("umls", tmp_path), 1, 0, 0).negatives(0)
 
 
+def test_self_negatives_pair_an_entity_with_itself_unless_that_is_a_fact(tmp_path):
+    # (a, r1, a) is a fact: where a self-negative would be that fact, it becomes a random corruption of that part
+    write_kg(tmp_path, train_tsv="a\tr1\tb\nb\tr1\tc\na\tr1\ta\n", dev_tsv="a\tr2\td\n", test_tsv="b\tr2\td\n")
+    kg = load_kg("umls", tmp_path)
+    a, b, c = (kg.entities.index(e) for e in "abc")
+    neg = NegativeSampler(kg, 1, 0, 1, 2, seed=0).negatives(0)  # per positive: head, tail, (h, r, h), (t, r, t)
+    assert neg.shape == (3, 4, 3) and not kg.is_known(neg.reshape(-1, 3)).any()
+    assert neg[0, 3].tolist() == [b, 0, b] and neg[1, 2:].tolist() == [[b, 0, b], [c, 0, c]]
+    assert neg[0, 2, :2].tolist() == [a, 0] and neg[2, 2:, 1].tolist() == [0, 0]  # drawn instead of (a, r1, a)
+
+
 # ----------------------------------------------------------------------------- link prediction
 
 def test_lp_queries_are_unique_and_filters_hold_every_known_answer(kg):
