@@ -279,9 +279,9 @@ def main(run):
         tensors, _ = read_checkpoint(out / "state.safetensors", kind="train-state")
         load_state(tensors, model, opt, params, out / "state.safetensors")
         history = {k: resumed[k] for k in history}
-        print0(f"resumed from {out}/state.safetensors: epoch {history['epoch']}, step {history['step']}")
-    elif run.resume:
-        print0(f"--resume: no checkpoint in {out} yet, starting from scratch")
+        start = f"resumed from {out}/state.safetensors: epoch {history['epoch']}, step {history['step']}"
+    else:
+        start = f"--resume: no checkpoint in {out} yet, starting from scratch" if run.resume else None
     if master_process:
         out.mkdir(parents=True, exist_ok=True)
     log = open(out / "log.txt", "a") if master_process else None
@@ -291,6 +291,9 @@ def main(run):
         if log:
             log.write(line + "\n")
             log.flush()
+
+    if start:  # in the log too: a resumed run's log shows where it was stopped and continued
+        log0(start)
 
     def dev_point(epoch, step):  # rank 0 only; its time counts in no training figure
         t = time.time()

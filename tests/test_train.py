@@ -139,7 +139,8 @@ def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
                   OMP_NUM_THREADS="1")
     assert resumed.returncode == 0, resumed.stderr
     last_dev_point = (steps_per_epoch + 3) // 2 * 2
-    assert f"resumed from {tmp_path / 'crash'}/state.safetensors: epoch 1, step {last_dev_point}" in resumed.stdout
+    line = f"resumed from {tmp_path / 'crash'}/state.safetensors: epoch 1, step {last_dev_point}"
+    assert line in resumed.stdout and line in (tmp_path / "crash" / "log.txt").read_text()  # the log shows the seam
     a, b = load_file(tmp_path / "straight" / "ckpt.safetensors"), load_file(tmp_path / "crash" / "ckpt.safetensors")
     for k in a:
         assert torch.equal(a[k], b[k]), k
