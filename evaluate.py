@@ -250,10 +250,13 @@ class State:
                              f"save is kept: make room, and the same command resumes from {self.folder}") from None
 
 
-def select(T, limit, seed):
-    """All T test triples, or a seeded random `limit` of them (sorted): the first `limit` of one seeded
-    permutation, so that the subset of a smaller limit is part of any larger one's (an estimate can grow)."""
-    return np.arange(T) if not limit or limit >= T else np.sort(np.random.default_rng(seed).permutation(T)[:limit])
+def select(T, limit, seed, ordered=False):
+    """All T test triples, or a seeded random `limit` of them: the first `limit` of one seeded permutation, so that
+    the subset of a smaller limit is part of any larger one's (an estimate can grow). Sorted, or in that order."""
+    if not limit or limit >= T:
+        return np.arange(T)
+    first = np.random.default_rng(seed).permutation(T)[:limit]
+    return first if ordered else np.sort(first)
 
 
 def rank_split(scorer, kg, split, limit=None, seed=0, sample=None):
@@ -277,7 +280,10 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
     lpq = data.lp_queries(kg, run.split, run.candidates)
     T, C = len(lpq.target), len(lpq.candidates)
     tri = select(T, run.limit, run.seed)
-    needed = np.unique(lpq.triple_query[tri])
+    # queries in the order the permutation first asks them: a ranking stopped anywhere has ranked whole triples at
+    # the subset's start, so a smaller --limit answers from its state at once
+    asked = lpq.triple_query[select(T, run.limit, run.seed, ordered=True)].ravel()
+    needed = asked[np.sort(np.unique(asked, return_index=True)[1])]
     mine = needed[rank::world]  # round robin: every rank gets head and tail queries alike
     settings = dict(checkpoint_sha256=info["identity"], data=kg.name, data_fingerprint=kg.fingerprint, text=info["text"],
                     prompts=info["prompts"], max_seq_length=info["max_seq_length"], split=run.split,

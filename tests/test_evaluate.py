@@ -1,5 +1,5 @@
 """evaluate.py: ranks with ties, filtered vs raw, the threshold search, resuming, 1 vs 2 torchrun processes, the CLI."""
-import errno, io, itertools, json, os, re, signal, subprocess, sys
+import errno, io, itertools, json, os, re, shutil, signal, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
@@ -224,6 +224,20 @@ def test_a_larger_limit_reuses_every_ranked_query_and_other_settings_refuse(lp_r
     one_line_error(["--lp", "--data-dir", lp_root, "--ckpt", trained[0], "--limit", 4, "--out", tmp_path / "fresh.json"],
                    "fresh.state holds ranks made with checkpoint_sha256 [0-9a-f]{64}, not [0-9a-f]{64}")
     assert tree(tmp_path) == before
+
+
+def test_a_stopped_ranking_leaves_an_estimate_for_a_smaller_limit(lp_root, tiny_bert, tmp_path, monkeypatch):
+    """Queries are ranked in the order the seeded permutation asks them: stopped anywhere, the queries done answer
+    whole triples at the subset's start, so a smaller --limit writes its estimate at once, scoring nothing."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--lp", "--data", "umls", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 10]  # 1 query a block
+    for stop in (2, 4):  # fresh states each: the first triple's queries, then the first two triples' (or fewer, shared)
+        shutil.rmtree(tmp_path / "results", ignore_errors=True)
+        with pytest.raises(SystemExit, match=f"stopped after {stop} queries"):
+            evaluate.main([str(a) for a in common + ["--limit", 5, "--stop-after-queries", stop]])
+        evaluate.main([str(a) for a in common + ["--limit", stop // 2]])
+        small = json.loads((tmp_path / "results" / f"umls-zeroshot-{tiny_bert.name}-lp-test-limit{stop // 2}-seed0.json").read_text())
+        assert small["counts"]["resumed_queries"] == small["counts"]["queries"] > 0
 
 
 @pytest.fixture(scope="module")
