@@ -279,10 +279,11 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
     larger --limit (same seed) scores only the queries it has not seen."""
     lpq = data.lp_queries(kg, run.split, run.candidates)
     T, C = len(lpq.target), len(lpq.candidates)
-    tri = select(T, run.limit, run.seed)
+    first = select(T, run.limit, run.seed, ordered=True)
+    tri = np.sort(first)
     # queries in the order the permutation first asks them: a ranking stopped anywhere has ranked whole triples at
     # the subset's start, so a smaller --limit answers from its state at once
-    asked = lpq.triple_query[select(T, run.limit, run.seed, ordered=True)].ravel()
+    asked = lpq.triple_query[first].ravel()
     needed = asked[np.sort(np.unique(asked, return_index=True)[1])]
     mine = needed[rank::world]  # round robin: every rank gets head and tail queries alike
     settings = dict(checkpoint_sha256=info["identity"], data=kg.name, data_fingerprint=kg.fingerprint, text=info["text"],
