@@ -334,8 +334,9 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
 def print_lp(result, raw):
     c, m = result["counts"], result["metrics"]
     print(f"{result['data']} {result['split']}: {result['note']}, {c['candidates']:,} candidates, "
-          f"{c['queries']:,} queries, {c['scored_triples']:,} triples scored "
-          f"({result['settings']['padded_per_real_token']:.2f} padded tokens per real one)")
+          f"{c['queries']:,} queries, {c['scored_triples']:,} triples scored", end="")
+    pad = result["settings"]["padded_per_real_token"]  # None when every query came from the saved state
+    print(f" ({pad:.2f} padded tokens per real one)" if pad is not None else " (all ranks resumed)")
     for setting in ("filtered", "raw") if raw else ("filtered",):
         print(f"{setting + ', realistic ranks':26} {'MR':>8} {'MRR':>7} " + " ".join(f"{f'H@{k}':>7}" for k in KS))
         for side in ("head", "tail", "both"):
@@ -662,7 +663,8 @@ def main(argv=None):
                       settings=dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"],
                                     max_seq_length=info["max_seq_length"], candidates=run.candidates, limit=run.limit,
                                     seed=run.seed, tokens=scorer.tokens, world_size=world, device=str(device), dtype=dtype,
-                                    padded_per_real_token=round(scorer.n_padded / max(1, scorer.n_tokens), 4)))
+                                    padded_per_real_token=round(scorer.n_padded / scorer.n_tokens, 4)
+                                    if scorer.n_tokens else None))
         row = [kg.name + (" (estimate)" if result["estimate"] else ""), info["model"], info["ckpt"] or "zero-shot"]
         if run.task == "lp":
             print_lp(result, run.raw)  # printed before the JSON is written: a failed write still shows them

@@ -226,7 +226,7 @@ def test_a_larger_limit_reuses_every_ranked_query_and_other_settings_refuse(lp_r
     assert tree(tmp_path) == before
 
 
-def test_a_stopped_ranking_leaves_an_estimate_for_a_smaller_limit(lp_root, tiny_bert, tmp_path, monkeypatch):
+def test_a_stopped_ranking_leaves_an_estimate_for_a_smaller_limit(lp_root, tiny_bert, tmp_path, monkeypatch, capsys):
     """Queries are ranked in the order the seeded permutation asks them: stopped anywhere, the queries done answer
     whole triples at the subset's start, so a smaller --limit writes its estimate at once, scoring nothing."""
     monkeypatch.chdir(tmp_path)
@@ -235,9 +235,11 @@ def test_a_stopped_ranking_leaves_an_estimate_for_a_smaller_limit(lp_root, tiny_
         shutil.rmtree(tmp_path / "results", ignore_errors=True)
         with pytest.raises(SystemExit, match=f"stopped after {stop} queries"):
             evaluate.main([str(a) for a in common + ["--limit", 5, "--stop-after-queries", stop]])
+        capsys.readouterr()
         evaluate.main([str(a) for a in common + ["--limit", stop // 2]])
         small = json.loads((tmp_path / "results" / f"umls-zeroshot-{tiny_bert.name}-lp-test-limit{stop // 2}-seed0.json").read_text())
         assert small["counts"]["resumed_queries"] == small["counts"]["queries"] > 0
+        assert small["settings"]["padded_per_real_token"] is None and "(all ranks resumed)" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
