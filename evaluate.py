@@ -296,8 +296,9 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
     done[lpq.triple_query[state.prior[:, 0], state.prior[:, 1]]] = True
     todo = len(mine) - int(done[mine].sum())
     if rank == 0:  # the cost, before any of it is spent
-        print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries x {C:,} candidates = "
-              f"{len(needed) * C:,} pairs to score ({int(done[needed].sum()):,} queries ranked before, in {state.folder})",
+        fresh = len(needed) - int(done[needed].sum())  # a resumed ranking scores only the queries not yet saved
+        print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries, {len(needed) - fresh:,} "
+              f"ranked before (in {state.folder}): {fresh:,} x {C:,} candidates = {fresh * C:,} pairs to score",
               file=sys.stderr)
     whole = -(-len(np.unique(lpq.triple_query)) // world) if len(tri) < T else None  # per rank, as the rate is
     progress = Progress(todo, "queries" + (f" on rank 0 of {world}" if world > 1 else ""), rank == 0, whole)
