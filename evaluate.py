@@ -157,18 +157,19 @@ class Progress:
         if self.enabled and (force and self.printed != self.done or now - self.shown > 60):
             rate = self.done / max(now - self.t0, 1e-9)
             whole = f"; the whole split ({self.whole:,}) would take {hms(self.whole / rate)} here" if self.whole and rate else ""
-            print(f"{self.done:,}/{self.total:,} {self.unit} ({rate:,.1f}/s, ETA "
+            speed = f"{rate:,.1f}/s" if rate >= 1 else f"{1 / rate:,.1f} s each" if rate else "?/s"
+            print(f"{self.done:,}/{self.total:,} {self.unit} ({speed}, ETA "
                   f"{hms((self.total - self.done) / rate) if rate else '?'}{whole})", file=sys.stderr, flush=True)
             self.shown, self.whole, self.printed = now, None, self.done
 
 # ----------------------------------------------------------------------------- link prediction
 
 
-def rank_queries(score, lpq, tri, queries, block, skip=None):
+def rank_queries(score, lpq, tri, queries, block):
     """Rank the test triples `tri` (indices into lpq.triple_query) for the given queries, `block` queries at a
     time: each query's candidate triples are scored once, into a (block, C) tensor shared by every test triple
-    that asks the query. Blocks whose queries are all in `skip` (bool (Q,)) are passed over. Yields per block
-    (its queries, rows (n, 6): test triple, side, filtered optimistic/pessimistic, raw optimistic/pessimistic)."""
+    that asks the query. Yields per block (its queries, rows (n, 6): test triple, side, filtered
+    optimistic/pessimistic, raw optimistic/pessimistic)."""
     pair_tri, pair_side = np.repeat(tri, 2), np.tile([0, 1], len(tri))
     pair_query, pair_target = lpq.triple_query[pair_tri, pair_side], lpq.target[pair_tri, pair_side]
     cand, row_of = lpq.candidates, np.full(len(lpq.queries), -1)
@@ -177,8 +178,6 @@ def rank_queries(score, lpq, tri, queries, block, skip=None):
     bounds = [0, *range(first, len(queries), block), len(queries)]
     for start, end in zip(bounds[:-1], bounds[1:]):
         qs = queries[start:end]
-        if skip is not None and skip[qs].all():
-            continue
         side, r, e = (np.broadcast_to(x[:, None], (len(qs), len(cand))) for x in lpq.queries[qs].T)
         c = np.broadcast_to(cand, side.shape)
         # side 0 asks (?, r, e): candidates are heads; side 1 asks (e, r, ?): candidates are tails
@@ -294,16 +293,16 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
         dist.barrier()  # every rank has read the old state before any rank writes
     done = np.zeros(len(lpq.queries), bool)
     done[lpq.triple_query[state.prior[:, 0], state.prior[:, 1]]] = True
-    todo = len(mine) - int(done[mine].sum())
+    todo = mine[~done[mine]]  # only these are scored: a block of saved and new queries would score the saved again
     if rank == 0:  # the cost, before any of it is spent
         fresh = len(needed) - int(done[needed].sum())  # a resumed ranking scores only the queries not yet saved
         print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries, {len(needed) - fresh:,} "
               f"ranked before (in {state.folder}): {fresh:,} x {C:,} candidates = {fresh * C:,} pairs to score",
               file=sys.stderr)
     whole = -(-len(np.unique(lpq.triple_query)) // world) if len(tri) < T else None  # per rank, as the rate is
-    progress = Progress(todo, "queries" + (f" on rank 0 of {world}" if world > 1 else ""), rank == 0, whole)
+    progress = Progress(len(todo), "queries" + (f" on rank 0 of {world}" if world > 1 else ""), rank == 0, whole)
     saved, n_done = time.time(), 0
-    for qs, rows in rank_queries(scorer, lpq, np.arange(T), mine, max(1, run.block_rows // C), skip=done):
+    for qs, rows in rank_queries(scorer, lpq, np.arange(T), todo, max(1, run.block_rows // C)):
         state.new.append(rows)
         n_done += len(qs)
         progress.update(len(qs))

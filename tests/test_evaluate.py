@@ -199,7 +199,7 @@ def test_the_subset_of_a_smaller_limit_is_part_of_every_larger_ones():
 
 
 def test_a_larger_limit_reuses_every_ranked_query_and_other_settings_refuse(lp_root, tiny_bert, trained, tmp_path,
-                                                                           monkeypatch):
+                                                                           monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the default paths: results/ under the working folder
     common = ["--lp", "--data", "umls", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 20]
     state = tmp_path / "results" / f"umls-zeroshot-{tiny_bert.name}-lp-test-seed0.state"
@@ -210,8 +210,12 @@ def test_a_larger_limit_reuses_every_ranked_query_and_other_settings_refuse(lp_r
         return json.loads((tmp_path / "results" / f"umls-zeroshot-{tiny_bert.name}-lp-test{tag}.json").read_text())
     small = lp("--limit", 2)
     assert small["counts"]["resumed_queries"] == 0 and state.is_dir()  # an estimate's ranks stay
+    capsys.readouterr()
     big = lp("--limit", 4)
     assert big["counts"]["resumed_queries"] == small["counts"]["queries"] < big["counts"]["queries"]
+    # blocks of 2 queries over the larger list straddle the saved ones: only the new queries are scored and counted
+    new = big["counts"]["queries"] - small["counts"]["queries"]
+    assert re.findall(r"(\d+)/(\d+) queries", capsys.readouterr().err)[-1] == (str(new), str(new))
     fresh = run_cli(*common, "--limit", 4, "--out", tmp_path / "fresh.json")
     assert fresh["counts"]["resumed_queries"] == 0 and fresh["metrics"] == big["metrics"]
     full = lp()
