@@ -324,7 +324,7 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
         raise SystemExit(f"error: {len(rows)} of {2 * len(tri)} ranks found; remove {state.folder} and run again")
     estimate = len(tri) < T
     counts = dict(test_triples=T, ranked_triples=len(tri), queries=len(needed), candidates=C,
-                  scored_triples=len(needed) * C, resumed_queries=int(done[needed].sum()))
+                  resumed_queries=int(done[needed].sum()), scored_triples=int((~done[needed]).sum()) * C)  # by this run
     metrics = lp_metrics(rows) | {"interval95": bootstrap_interval(rows, seed=run.seed) if estimate else None}
     # the state is removed by the caller once the results are written: a failed write loses nothing
     return dict(task="lp", split=run.split, estimate=estimate, counts=counts, metrics=metrics,
@@ -334,7 +334,7 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
 def print_lp(result, raw):
     c, m = result["counts"], result["metrics"]
     print(f"{result['data']} {result['split']}: {result['note']}, {c['candidates']:,} candidates, "
-          f"{c['queries']:,} queries, {c['scored_triples']:,} triples scored", end="")
+          f"{c['queries']:,} queries ({c['resumed_queries']:,} resumed), {c['scored_triples']:,} triples scored", end="")
     pad = result["settings"]["padded_per_real_token"]  # None when every query came from the saved state
     print(f" ({pad:.2f} padded tokens per real one)" if pad is not None else " (all ranks resumed)")
     for setting in ("filtered", "raw") if raw else ("filtered",):

@@ -171,7 +171,8 @@ def test_lp_zero_shot_resume_and_two_processes_give_the_same_metrics(lp_root, ti
     assert len(list((tmp_path / "two.state").glob("*.npz"))) == 1
     capsys.readouterr()
     two = run_cli(*common, "--out", tmp_path / "two.json")
-    assert two["counts"]["resumed_queries"] == 3 and two["metrics"] == one["metrics"]
+    assert two["counts"]["resumed_queries"] == 3 and two["counts"]["scored_triples"] == 70  # 7 new queries x 10
+    assert two["metrics"] == one["metrics"]
     assert "7/7 queries" in capsys.readouterr().err  # only the rest was scored
     assert not list((tmp_path / "two.state").glob("*.npz"))  # done: the state is removed
     # two torchrun processes (gloo), each ranks half of the queries
