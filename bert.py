@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-import hub
-from hub import readable, sha256_file  # one-line errors for unreadable files; the identity of weights files
+from files import readable, sha256_file  # one-line errors for unreadable files; the identity of weights files
 
 
 class CheckpointError(ValueError):
@@ -268,11 +267,10 @@ class Loaded:
     weights_sha256: str
 
 
-def load_bert(name_or_path):
-    """minilm (the pip package), a hub name (downloaded once: hub.py) or a model folder, loaded strictly."""
-    try:
-        path = hub.model_dir(name_or_path)
-    except hub.DownloadError as e:
-        raise CheckpointError(str(e)) from None
+def load_bert(model_dir):
+    """A model folder, loaded strictly (names such as minilm or bert-base-cased: hub.load_bert)."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such model folder")
     model, new_heads = load_weights(path)
     return Loaded(model, model.config, load_tokenizer(path), path, new_heads, sha256_file(path / "model.safetensors"))

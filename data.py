@@ -9,16 +9,19 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from hub import readable
+from files import readable
 
 
-DATASETS = {  # name -> (folder, task: 'lp' link prediction or 'tc' triple classification, entity names file,
-    # entity descriptions file for --text long: None where the release has none)
-    "fb15k-237": ("FB15k-237", "lp", "entity2text.txt", "entity2textlong.txt"),
-    "wn18rr": ("WN18RR", "lp", "entity2text.txt", "entity2text.txt"),  # its names already carry the synset definition
-    "umls": ("umls", "lp", "entity2text.txt", "entity2textlong.txt"),
-    "wn11": ("WN11", "tc", "entity2text.txt", None), "fb13": ("FB13", "tc", "entity2text_capital.txt", "entity2text.txt"),
+DATASETS = {  # name -> (folder, task: 'lp' link prediction or 'tc' triple classification, {--text: entity text file})
+    "fb15k-237": ("FB15k-237", "lp", {"name": "entity2text.txt", "long": "entity2textlong.txt",
+                                      "description": "entity2description.txt"}),  # "Name -- first sentence" (StAR's)
+    "wn18rr": ("WN18RR", "lp", {"name": "entity2text.txt", "long": "entity2text.txt"}),  # names carry the definition
+    "umls": ("umls", "lp", {"name": "entity2text.txt", "long": "entity2textlong.txt"}),
+    "wn11": ("WN11", "tc", {"name": "entity2text.txt"}),
+    "fb13": ("FB13", "tc", {"name": "entity2text_capital.txt", "long": "entity2text.txt"}),
 }
+TEXTS = ("name", "long", "description")
+OWN_TEXTS = {"name": "entity2text.txt", "long": "entity2textlong.txt", "description": "entity2description.txt"}
 
 
 class DataError(ValueError):
@@ -29,17 +32,33 @@ def data_root(arg=None):
     return Path(arg or os.environ.get("PALT_DATA") or "data")
 
 
-def dataset(name):
-    if name.lower() not in DATASETS:
-        raise DataError(f"{name}: unknown dataset (one of {', '.join(DATASETS)})")
-    return name.lower(), *DATASETS[name.lower()][:2]  # name, folder, task
+def dataset(spec, data_dir=None):
+    """(name, folder, task) of a benchmark name (its folder under data_dir) or of a folder holding one's own graph:
+    train.tsv, optional dev.tsv and test.tsv; a 4th column (1/-1) in test.tsv (else dev.tsv) makes it triple
+    classification. A folder that shares a benchmark's name is given as a path (./umls)."""
+    spec = str(spec)
+    if spec.lower() in DATASETS:
+        folder, task, _ = DATASETS[spec.lower()]
+        return spec.lower(), data_root(data_dir) / folder, task
+    folder = Path(spec)
+    if not folder.is_dir():
+        raise DataError(f"--data {spec}: neither a benchmark ({', '.join(DATASETS)}) nor a folder")
+    if not (folder / "train.tsv").is_file():
+        raise DataError(f"{folder / 'train.tsv'}: no such file (a graph's folder needs train.tsv: head<TAB>relation<TAB>tail)")
+    task = "lp"
+    for split in ("test.tsv", "dev.tsv"):
+        if (folder / split).is_file():
+            with open(readable(folder / split, DataError), "rb") as f:
+                task = "tc" if f.readline().count(b"\t") == 3 else "lp"
+            break
+    return folder.resolve().name, folder, task
 
 
 # ----------------------------------------------------------------------------- loading
 def _read_rows(path, digest, ncols):
     """Tab-separated rows of a UTF-8 file, ncols in each; BOM, CRs, whitespace around lines and trailing blank lines
     are dropped (WN11's entity2text.txt has lines with a trailing tab, which KG-BERT's line.strip() dropped too).
-    The file's bytes go into `digest`."""
+    The file's bytes go into `digest`. An empty file is an error."""
     raw = Path(readable(path, DataError)).read_bytes()  # missing, or permission denied: one line
     digest.update(path.name.encode() + b"\0" + raw)
     try:
@@ -49,6 +68,8 @@ def _read_rows(path, digest, ncols):
         raise DataError(f"{path}:{line}: not UTF-8") from None
     while lines and not lines[-1].strip():
         lines.pop()
+    if not lines:
+        raise DataError(f"{path}:1: empty file")
     rows = [line.strip().split("\t") for line in lines]
     for i, row in enumerate(rows):
         if len(row) != ncols:
@@ -67,23 +88,28 @@ def _read_texts(path, digest):
     return texts
 
 
-def _read_split(path, digest, labelled, ents, rels):
+def _ids(rows, cols, texts, where):
+    """{id: text}: `texts` from a text file, else every id of `cols` in `rows` in first-seen order, the id as its
+    text (underscores as spaces); `where` names the file for messages."""
+    if texts is not None:
+        return texts, where
+    ids = dict.fromkeys(row[c] for row in rows for c in cols)
+    return {i: i.replace("_", " ") for i in ids}, "train.tsv"
+
+
+def _split(path, rows, labelled, ents, rels):
     """(N,3) int64 triples and, when `labelled`, (N,) bool labels (1 -> True, -1 -> False). ents and rels:
-    (text file name, {id: index})."""
-    rows = _read_rows(path, digest, 4 if labelled else 3)
-    if not rows:
-        raise DataError(f"{path}:1: empty split")
+    (the file that defines them, {id: index})."""
     for i, row in enumerate(rows if labelled else ()):
         if row[3] not in ("1", "-1"):
             raise DataError(f"{path}:{i + 1}: label must be 1 or -1, got {row[3]!r}")
-    cols = []
-    for c, what, (text_file, index) in ((0, "entity", ents), (1, "relation", rels), (2, "entity", ents)):
-        try:
-            cols.append(np.array([index[row[c]] for row in rows], dtype=np.int64))
-        except KeyError:  # find the line for the message
-            i = next(i for i, row in enumerate(rows) if row[c] not in index)
-            raise DataError(f"{path}:{i + 1}: {what} {rows[i][c]!r} has no text in {text_file}") from None
-    return np.stack(cols, 1), np.array([row[3] == "1" for row in rows], dtype=bool) if labelled else None
+    parts = (ents, rels, ents)
+    ids = np.array([[parts[c][1].get(row[c], -1) for c in range(3)] for row in rows], dtype=np.int64).reshape(-1, 3)
+    for i, c in np.argwhere(ids < 0)[:1]:  # the first unknown id, by line
+        source = parts[c][0]
+        why = "has no text in" if source.endswith(".txt") else "occurs nowhere in"
+        raise DataError(f"{path}:{i + 1}: {'relation' if c == 1 else 'entity'} {rows[i][c]!r} {why} {source}")
+    return ids, np.array([row[3] == "1" for row in rows], dtype=bool) if labelled else None
 
 
 @dataclass(eq=False)
@@ -91,20 +117,21 @@ class KG:
     name: str
     task: str  # 'lp' | 'tc'
     folder: Path
-    text: str  # 'name' | 'long'
-    text_file: str  # the entity text file actually read
+    text: str  # 'name' | 'long' | 'description'
+    text_file: str  # the entity text file actually read ('ids' where there is none)
     entities: list  # ids as in the files; every entity with text, in text-file order
     relations: list
     ent_text: list
     rel_text: list
     train: np.ndarray  # (N,3) int64 rows (h, r, t)
-    dev: np.ndarray
+    dev: np.ndarray  # (0,3) where a graph of one's own has no dev.tsv; likewise test
     test: np.ndarray
     dev_labels: np.ndarray | None  # tc: True for label 1, False for -1; lp: None
     test_labels: np.ndarray | None
     split_entities: np.ndarray  # sorted entities that occur in train/dev/test
     fingerprint: str  # sha256 over the files read
     known: np.ndarray  # sorted unique keys (h*R + r)*E + t of every true triple
+    notes: list  # what a graph of one's own lacks, for the command lines to say once
 
     def key(self, triples):
         t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
@@ -116,27 +143,36 @@ class KG:
         return self.known[i] == k
 
 
-def load_kg(name, data_dir=None, text="name"):
-    name, folder, task = dataset(name)
-    folder = data_root(data_dir) / folder
-    if text not in ("name", "long"):
-        raise ValueError(f"text must be 'name' or 'long', not {text!r}")
+def load_kg(spec, data_dir=None, text="name"):
+    """A benchmark by name, or one's own graph by folder (see dataset); every file checked, one-line errors."""
+    name, folder, task = dataset(spec, data_dir)
+    if text not in TEXTS:
+        raise ValueError(f"text must be one of {TEXTS}, not {text!r}")
+    own = str(spec).lower() not in DATASETS
     if not folder.is_dir():
         raise DataError(f"{folder}: no such dataset folder (python hub.py --download {name}, or set --data-dir / PALT_DATA)")
-    names, long = DATASETS[name][2:]
-    if text == "long" and (long is None or not (folder / long).is_file()):  # never train on names by surprise
-        raise DataError(f"{folder / (long or 'entity2textlong.txt')}: --text long needs the entity descriptions, "
-                        f"which {'this release lacks' if long is None else 'are not in the folder'}; use --text name")
-    text_file, digest = folder / (long if text == "long" else names), hashlib.sha256()
-    ent, rel = _read_texts(text_file, digest), _read_texts(folder / "relation2text.txt", digest)
-    ents = (text_file.name, {e: i for i, e in enumerate(ent)})  # (file for messages, id -> index)
-    rels = ("relation2text.txt", {r: i for i, r in enumerate(rel)})
-    splits = [_read_split(folder / f"{s}.tsv", digest, task == "tc" and s != "train", ents, rels)
-              for s in ("train", "dev", "test")]
-    (train, _), (dev, dev_labels), (test, test_labels) = splits
-    kg = KG(name, task, folder, text, text_file.name, list(ent), list(rel), list(ent.values()), list(rel.values()),
-            train, dev, test, dev_labels, test_labels,
-            np.unique(np.concatenate([s[0][:, [0, 2]].ravel() for s in splits])), digest.hexdigest()[:16], None)
+    file, digest, notes = (OWN_TEXTS if own else DATASETS[name][2]).get(text), hashlib.sha256(), []
+    if own and text == "name" and not (folder / file).is_file():
+        file = None
+        notes.append(f"{folder}: no entity2text.txt, so entity ids are their text (underscores as spaces)")
+    elif file is None or not (folder / file).is_file():  # never train on names by surprise
+        raise DataError(f"{folder / (file or OWN_TEXTS[text])}: --text {text} needs the entity descriptions, which "
+                        f"{'this release lacks' if file is None else 'are not in the folder'}; use --text name")
+    ent = _read_texts(folder / file, digest) if file else None
+    rel = None if own and not (folder / "relation2text.txt").is_file() else _read_texts(folder / "relation2text.txt", digest)
+    rows = {s: _read_rows(folder / f"{s}.tsv", digest, 4 if task == "tc" and s != "train" else 3)
+            for s in ("train", "dev", "test") if not own or s == "train" or (folder / f"{s}.tsv").is_file()}
+    ent, ent_src = _ids(rows["train"], (0, 2), ent, file)
+    rel, rel_src = _ids(rows["train"], (1,), rel, "relation2text.txt")
+    notes += [f"{folder}: no relation2text.txt, so relation ids are their text (underscores as spaces)"] * (rel_src == "train.tsv")
+    ents, rels = (ent_src, {e: i for i, e in enumerate(ent)}), (rel_src, {r: i for i, r in enumerate(rel)})
+    empty = (np.zeros((0, 3), np.int64), np.zeros(0, bool) if task == "tc" else None)
+    (train, _), (dev, dev_labels), (test, test_labels) = [
+        _split(folder / f"{s}.tsv", rows[s], task == "tc" and s != "train", ents, rels) if s in rows else empty
+        for s in ("train", "dev", "test")]
+    kg = KG(name, task, folder, text, file or "ids", list(ent), list(rel), list(ent.values()), list(rel.values()),
+            train, dev, test, dev_labels, test_labels, np.unique(np.concatenate([train, dev, test])[:, [0, 2]]),
+            digest.hexdigest()[:16], None, notes)
     # dev/test negatives of triple classification (label -1) are not facts
     true = [train] + [t if lab is None else t[lab] for t, lab in ((dev, dev_labels), (test, test_labels))]
     kg.known = np.unique(kg.key(np.concatenate(true)))
@@ -162,15 +198,16 @@ def _flat(encodings):
     return np.concatenate(ids) if ids else np.zeros(0, np.int32), off
 
 
-def encode(kg, tokenizer):
-    """Token ids of every entity and relation text, without special tokens (~1-2 s for 41k WN18RR definitions)."""
+def encode(kg, tokenizer, new=()):
+    """Token ids of every entity and relation text, without special tokens (~1-2 s for 41k WN18RR definitions);
+    `new` entity texts, not in the graph, follow its entities (indices len(kg.entities), ...)."""
     tok = Tokenizer.from_str(tokenizer.to_str())  # a copy: shipped tokenizers may pad/truncate, we do our own
     tok.no_padding()
     tok.no_truncation()
     specials = [tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")]
     if None in specials:
         raise ValueError("tokenizer lacks one of [CLS], [SEP], [PAD]")
-    return Encoded(*specials, *_flat(tok.encode_batch(kg.ent_text, add_special_tokens=False)),
+    return Encoded(*specials, *_flat(tok.encode_batch(kg.ent_text + list(new), add_special_tokens=False)),
                    *_flat(tok.encode_batch(kg.rel_text, add_special_tokens=False)))
 
 

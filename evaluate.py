@@ -10,7 +10,7 @@ turns distinct scores into ties). A true answer tied with k others has optimisti
 realistic r + k/2 (random tie-breaking, as PyKEEN reports); metrics use realistic filtered ranks, the JSON has all.
 --data defaults to the checkpoint's dataset; without --ckpt and --model the shipped adapter for --data is used.
 """
-import argparse, json, os, shutil, sys, time
+import argparse, difflib, json, os, shutil, sys, time
 from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import bert
 import data
-import hub
+import files
 import palt
 
 KS = (1, 3, 10)  # Hits@k
@@ -235,7 +235,7 @@ class State:
                                      "give another --out, or delete it to start over")
         elif rank == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
-            hub.write_atomic(saved, lambda f: f.write(json.dumps(settings, indent=1).encode()))
+            files.write_atomic(saved, lambda f: f.write(json.dumps(settings, indent=1).encode()))
         self.prior = np.concatenate([np.zeros((0, 6), np.int64)] +
                                     [read_rows(f, n_triples) for f in sorted(self.folder.glob("rank*.npz"))])
         self.new, self.old = [], [read_rows(self.path, n_triples)] if self.path.exists() else []
@@ -243,7 +243,7 @@ class State:
     def save(self):
         rows = np.concatenate(self.old + self.new or [np.zeros((0, 6), np.int64)])
         try:
-            hub.write_atomic(self.path, lambda f: np.savez(f, rows=rows))
+            files.write_atomic(self.path, lambda f: np.savez(f, rows=rows))
         except OSError as e:
             raise SystemExit(f"error: cannot save the ranking state {self.path} ({e.strerror or e}); the previous "
                              f"save is kept: make room, and the same command resumes from {self.folder}") from None
@@ -416,7 +416,8 @@ def print_tc(result):
 
 
 def find(ids, texts, query, what):
-    """Index of the entity/relation with this id, else this text (any case), else the one id or text ending in it."""
+    """Index of the entity/relation with this id, else this text (any case), else the one id or text ending in it;
+    not found: the nearest names are suggested."""
     q = query.lower()
     for match in (lambda i, t: i == query, lambda i, t: t.lower() == q,
                   lambda i, t: t.lower().endswith(" " + q) or i.lower().endswith("/" + q)):
@@ -426,22 +427,71 @@ def find(ids, texts, query, what):
         if hits:
             shown = ", ".join(f"{ids[k]} ({texts[k]})" for k in hits[:5])
             raise SystemExit(f"error: {what} {query!r} is ambiguous: {shown}{' ...' if len(hits) > 5 else ''}; give the id")
-    raise SystemExit(f"error: no {what} {query!r} (by id or text)")
+    near = difflib.get_close_matches(q, [t.lower() for t in texts], n=3, cutoff=0.6)
+    new = ", or text:... for an entity that is not in the graph" if what == "entity" else ""
+    raise SystemExit(f"error: no {what} {query!r} (by id or text)" + (
+        f"; did you mean {', '.join(repr(t) for t in near)}?" if near else "") + new)
 
 
-def predict(run, scorer, kg):
-    """The top-k completions of (E, r, ?), or of (?, r, E) with --reverse, with their scores."""
-    e, r = find(kg.entities, kg.ent_text, run.query[0], "entity"), find(kg.relations, kg.rel_text, run.query[1], "relation")
-    cand = kg.split_entities if run.candidates == "split" else np.arange(len(kg.entities))
-    fixed = np.full(len(cand), e)
-    triples = np.stack([cand, np.full(len(cand), r), fixed] if run.reverse else [fixed, np.full(len(cand), r), cand], 1)
-    s = scorer(triples).cpu().numpy()
-    top = np.argsort(-s, kind="stable")[:run.topk]
-    known = kg.is_known(triples[top])
-    q = f"(?, {kg.rel_text[r]}, {kg.ent_text[e]})" if run.reverse else f"({kg.ent_text[e]}, {kg.rel_text[r]}, ?)"
-    print(f"{q} over {len(cand):,} candidates; score = NSP logit margin; * = a known fact (train/dev/test)")
-    for rank, i in enumerate(top, 1):
-        print(f"{rank:4} {s[i]:9.4f} {'*' if known[rank - 1] else ' '} {kg.entities[cand[i]]:24} {kg.ent_text[cand[i]]}")
+def parse_query(parts, where):
+    """HEAD RELATION [?] -> (HEAD, RELATION, 1): tails ranked; ? RELATION TAIL -> (TAIL, RELATION, 0): heads."""
+    if len(parts) == 2 and "?" not in parts:
+        return parts[0], parts[1], 1
+    if len(parts) == 3 and parts.count("?") == 1 and parts[1] != "?":
+        return (parts[0], parts[1], 1) if parts[2] == "?" else (parts[2], parts[1], 0)
+    raise ValueError(f"{where}: expected HEAD RELATION, HEAD RELATION ? or ? RELATION TAIL, got {' '.join(parts)!r}")
+
+
+def read_queries(path):
+    """The queries of a file, one a line (tab-separated as parse_query reads them), with one-line errors."""
+    raw = Path(files.readable(path, data.DataError)).read_bytes()
+    try:
+        lines = raw.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise SystemExit(f"error: {path}:{line}: not UTF-8") from None
+    try:
+        queries = [parse_query([p.strip() for p in line.split("\t")], f"{path}:{i + 1}") for i, line in enumerate(lines)
+                   if line.strip()]
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    if not queries:
+        raise SystemExit(f"error: {path}:1: no queries")
+    return queries
+
+
+def predict(run, scorer, kg, tokenizer):
+    """The top-k completions of each query (E, r, ?) or (?, r, E), with their scores. An entity given as text:...
+    need not be in the graph: the cross-encoder reads its text and scores it against the graph's entities."""
+    queries = read_queries(run.queries) if run.queries else [parse_query(run.query, "--predict")]
+    E, new = len(kg.entities), []
+    resolved = []
+    for e, r, side in queries:
+        if e.startswith("text:"):
+            new.append(e[5:].strip())
+            e = E + len(new) - 1
+        else:
+            e = find(kg.entities, kg.ent_text, e, "entity")
+        resolved.append((e, find(kg.relations, kg.rel_text, r, "relation"), side))
+    if new:  # the new texts are tokenised after the graph's own entities: indices E, E+1, ...
+        scorer.enc = data.encode(kg, tokenizer, new)
+    text = lambda i: kg.ent_text[i] if i < E else new[i - E]
+    cand = kg.split_entities if run.candidates == "split" else np.arange(E)
+    rows = ["query\trank\tentity\ttext\tscore\tknown"]
+    for e, r, side in resolved:
+        fixed, rel = np.full(len(cand), e), np.full(len(cand), r)
+        triples = np.stack([fixed, rel, cand] if side else [cand, rel, fixed], 1)
+        s = scorer(triples).cpu().numpy()
+        top = np.argsort(-s, kind="stable")[:run.topk]
+        known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact
+        q = f"({text(e)}, {kg.rel_text[r]}, ?)" if side else f"(?, {kg.rel_text[r]}, {text(e)})"
+        print(f"{q} over {len(cand):,} candidates; score = NSP logit margin; * = a known fact (train/dev/test)")
+        for rank, i in enumerate(top, 1):
+            print(f"{rank:4} {s[i]:9.4f} {'*' if known[rank - 1] else ' '} {kg.entities[cand[i]]:24} {kg.ent_text[cand[i]]}")
+            rows.append(f"{q}\t{rank}\t{kg.entities[cand[i]]}\t{kg.ent_text[cand[i]]}\t{s[i]:.6f}\t{int(known[rank - 1])}")
+    if run.out:
+        files.write_atomic(run.out, lambda f: f.write(("\n".join(rows) + "\n").encode()))
+        print(f"wrote {run.out} ({len(rows) - 1} rows)")
 
 # ----------------------------------------------------------------------------- command line
 
@@ -483,13 +533,16 @@ def resolve_source(run):
     if run.ckpt:
         ckpt = checkpoint_file(run.ckpt)
     else:
+        if run.data and run.data.lower() not in data.DATASETS:
+            raise SystemExit(f"error: --data {run.data}: adapters are shipped for the benchmarks only; give --ckpt")
         name = data.dataset(run.data or DEFAULT_DATA[run.task])[0]
-        ckpt = hub.ROOT / "weights" / f"palt-{name}-minilm.safetensors"  # part of the project, whatever PALT_WEIGHTS says
+        ckpt = files.ROOT / "weights" / f"palt-{name}-minilm.safetensors"  # part of the project, whatever PALT_WEIGHTS says
         if not ckpt.is_file():
             raise SystemExit(f"error: no shipped adapter {ckpt}: train one with python train.py --data {name}, "
                              f"then --ckpt runs/{name}-minilm")
     _, meta = palt.read_checkpoint(ckpt, tensors=False)  # the tensors load once, with the model
-    if run.data and data.dataset(meta["data"])[0] != data.dataset(run.data)[0]:
+    bench = lambda d: d.lower() if d.lower() in data.DATASETS else None  # a graph's folder: the fingerprint decides
+    if run.data and bench(meta["data"]) != bench(run.data):
         raise SystemExit(f"error: {ckpt} was trained on {meta['data']}, not {run.data}")
     if run.text not in (None, meta["text"]):
         raise SystemExit(f"error: {ckpt} was trained with --text {meta['text']}, not {run.text}")
@@ -502,7 +555,7 @@ def results_path(run, shipped):
     with a larger --limit and the same seed finds it and grows the estimate."""
     if run.out:
         return Path(run.out), Path(run.out).with_suffix(".state")
-    name, ckpt = data.dataset(run.data)[0], Path(run.ckpt or "")
+    name, ckpt = data.dataset(run.data, run.data_dir)[0], Path(run.ckpt or "")
     folder, stem = (Path("results"), f"{name}-zeroshot-{Path(run.model).name}") if run.model else \
         (Path("results"), f"{name}-{ckpt.stem}") if shipped else \
         (ckpt.parent, f"eval-{name}{'' if ckpt.stem == 'ckpt' else '-' + ckpt.stem}")  # best and ckpt: two files
@@ -519,7 +572,7 @@ def train_summary(meta):
     run, arch = json.loads(meta.get("run", "{}")), meta.get("palt", {})
     for k in ("out", "data_dir", "model"):  # a machine's absolute paths stay on that machine
         if isinstance(run.get(k), str) and os.path.isabs(run[k]):
-            run[k] = hub.project_path(run[k])
+            run[k] = files.project_path(run[k])
     return {"method": "finetune" if arch.get("finetune") else "palt", "model": meta.get("model"),
             "prompts": arch.get("prompts"), "calib_layers": arch.get("calib_layers"),
             "prompt_encoder": arch.get("prompt_encoder"), "prompt_mlp": arch.get("prompt_mlp"),
@@ -533,11 +586,11 @@ def load_model(run, device):
     """(PALT model, tokenizer, info): from a checkpoint, or zero-shot from a base model with a pretrained NSP head."""
     if run.ckpt:
         model, meta, loaded = palt.load_checkpoint(run.ckpt)
-        info = dict(model=meta["model"], ckpt=hub.project_path(run.ckpt), weights_sha256=meta.get("weights_sha256"),
+        info = dict(model=meta["model"], ckpt=files.project_path(run.ckpt), weights_sha256=meta.get("weights_sha256"),
                     text=meta["text"], prompts=[int(p) for p in meta["prompts"]],
                     max_seq_length=run.max_seq_length or int(meta["max_seq_length"]),
                     data_fingerprint=meta.get("data_fingerprint"),
-                    identity=bert.sha256_file(run.ckpt))  # resume key: these very tensors, on any machine
+                    identity=files.sha256_file(run.ckpt))  # resume key: these very tensors, on any machine
     else:
         model, loaded = palt.build_palt(run.model, palt.PaltConfig(**ZERO_SHOT))
         if loaded.new_heads:
@@ -551,7 +604,7 @@ def load_model(run, device):
 @dataclass(frozen=True)
 class Run:
     task: str  # 'lp' | 'tc' | 'predict'
-    query: list  # --predict: ENTITY RELATION
+    query: list  # --predict: HEAD RELATION [?], or ? RELATION TAIL
     data: str | None  # None: the checkpoint's dataset, else DEFAULT_DATA[task]
     data_dir: str | None
     ckpt: str | None  # None and no model: the shipped adapter
@@ -564,7 +617,7 @@ class Run:
     raw: bool
     per_relation: bool
     topk: int
-    reverse: bool
+    queries: str | None  # --predict: a file of queries, one a line
     tokens: int | None
     block_rows: int
     save_every: float
@@ -581,16 +634,19 @@ def parse_args(argv=None):
     task.add_argument("--tc", dest="task", action="store_const", const="tc", help="triple classification")
     task.add_argument("--lp", dest="task", action="store_const", const="lp", help="filtered link prediction")
     task.add_argument("--predict", dest="task", action="store_const", const="predict",
-                      help="top-k completions of ENTITY RELATION")
-    ap.add_argument("query", nargs="*", metavar="ENTITY RELATION", help="--predict: by id or by text")
-    ap.add_argument("--data", choices=list(data.DATASETS), type=str.lower,
-                    help="default: the checkpoint's, else umls for --lp and --predict, wn11 for --tc")
+                      help="top-k completions of HEAD RELATION (tails) or '?' RELATION TAIL (heads)")
+    ap.add_argument("query", nargs="*", metavar="QUERY", help="--predict: entities and relations by id or text; "
+                    "text:WORDS is an entity that need not be in the graph")
+    ap.add_argument("--queries", help="--predict: a file of queries, one a line, tab-separated as QUERY")
+    ap.add_argument("--data", help=f"{', '.join(data.DATASETS)}, or the folder of a graph of one's own (default: the "
+                    "checkpoint's, else umls for --lp and --predict, wn11 for --tc)")
     ap.add_argument("--data-dir", help="folder of the dataset folders (default $PALT_DATA, else ./data)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--ckpt", help="a checkpoint written by train.py, or its run folder (then best.safetensors, "
                                     "else ckpt.safetensors); default: the adapter shipped in weights/ for --data")
     src.add_argument("--model", help="zero-shot: a base model with a pretrained NSP head (e.g. bert-base-uncased)")
-    ap.add_argument("--out", help="results JSON (default: beside the checkpoint, or results/)")
+    ap.add_argument("--out", help="results JSON (default: beside the checkpoint, or results/); --predict: a TSV of "
+                    "the completions")
     ap.add_argument("--split", default="test", choices=["test", "dev"], help="--lp: the split ranked")
     ap.add_argument("--candidates", default="split", choices=["split", "all"],
                     help="entities ranked: those in any split (standard), or every entity with text")
@@ -600,20 +656,28 @@ def parse_args(argv=None):
     ap.add_argument("--raw", action="store_true", help="--lp: print raw (unfiltered) ranks too (always in the JSON)")
     ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation")
     ap.add_argument("--topk", type=int, default=10)
-    ap.add_argument("--reverse", action="store_true", help="--predict: rank heads (?, r, E) instead of tails")
     ap.add_argument("--tokens", type=int, help="padded tokens per batch (default 16384 on CPU, 262144 on GPU)")
     ap.add_argument("--block-rows", type=int, default=1 << 16, help="candidate triples scored per block of queries")
     ap.add_argument("--save-every", type=float, default=60, help="seconds between saves of finished queries")
-    ap.add_argument("--text", choices=["name", "long"], help="zero-shot: entity texts (default name); a checkpoint has its own")
+    ap.add_argument("--text", choices=data.TEXTS, help="zero-shot: entity texts (default name); a checkpoint has its own")
     ap.add_argument("--max-seq-length", type=int, help="default: the checkpoint's, else 192")
     ap.add_argument("--dtype", choices=bert.DTYPES, default="auto",
                     help="autocast precision: auto = bf16 on GPU and on CPUs with native bf16 (AVX512_BF16/AMX), else fp32")
     ap.add_argument("--stop-after-queries", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.task == "predict" and len(args.query) != 2:
-        ap.error("--predict needs ENTITY RELATION")
-    if args.task != "predict" and args.query:
-        ap.error(f"unexpected arguments {' '.join(args.query)} (only --predict takes ENTITY RELATION)")
+    if args.task == "predict" and bool(args.query) == bool(args.queries):
+        ap.error("--predict needs one query (HEAD RELATION, or '?' RELATION TAIL) or --queries FILE")
+    try:
+        args.query and parse_query(args.query, "--predict")
+    except ValueError as e:
+        ap.error(str(e))
+    if args.task != "predict" and (args.query or args.queries):
+        ap.error(f"unexpected arguments {' '.join(args.query) or '--queries'} (only --predict takes queries)")
+    try:
+        args.data = args.data and (args.data.lower() if args.data.lower() in data.DATASETS else args.data)
+        args.data and data.dataset(args.data, args.data_dir)  # a benchmark, or a folder with train.tsv
+    except data.DataError as e:
+        ap.error(str(e))
     palt.check_limits(ap, args, {**{k: (1, True) for k in ("limit", "topk", "tokens", "block_rows", "max_seq_length",
                                                             "stop_after_queries")}, "seed": (0, True), "save_every": (0, False)})
     return Run(**vars(args))
@@ -628,16 +692,27 @@ def main(argv=None):
         run, meta = resolve_source(run)
         if run.max_seq_length is not None:
             palt.check_seq_length(run.max_seq_length, sum(int(p) for p in meta["prompts"]) if meta else 0)
-        name, _, task = data.dataset(run.data)
-        if run.task == "tc" and task != "tc":
-            raise SystemExit(f"error: {name} has no labelled dev/test negatives; triple classification needs wn11 or fb13")
-        out, state_dir = (None, None) if run.task == "predict" else results_path(run, shipped)
+        kg = data.load_kg(run.data, run.data_dir, text=meta["text"] if meta else run.text or "name")
+        if meta and meta.get("data_fingerprint") not in (None, kg.fingerprint):
+            raise SystemExit(f"error: {run.ckpt} was trained on other {kg.name} files (fingerprint "
+                             f"{meta['data_fingerprint']}, these are {kg.fingerprint})")
+        if run.task == "tc" and kg.task != "tc":
+            raise SystemExit(f"error: {kg.name} has no labelled dev/test negatives; triple classification needs "
+                             "wn11, fb13 or a folder whose test.tsv has a 4th column (1/-1)")
+        need = {"tc": ["dev", "test"], "lp": [run.split]}.get(run.task, [])
+        for split in [s for s in need if not len(getattr(kg, s))]:
+            raise SystemExit(f"error: {kg.folder / (split + '.tsv')}: no such file (--{run.task} needs it)")
+        for note in kg.notes:
+            print(note, file=sys.stderr)
+        out, state_dir = (run.out and Path(run.out), None) if run.task == "predict" else results_path(run, shipped)
         if out and out.is_dir():
             raise SystemExit(f"error: --out {out} is a folder; give the path of a file")
         if out:
-            hub.check_writable(out.parent, f"--out {out}")
+            files.check_writable(out.parent, f"--out {out}")
+        if run.queries:
+            files.readable(run.queries, data.DataError)
         if out and run.task == "lp":  # the resumable ranking state
-            hub.check_writable(state_dir, f"{out}: its ranking state")
+            files.check_writable(state_dir, f"{out}: its ranking state")
     except (data.DataError, bert.CheckpointError) as e:
         raise SystemExit(f"error: {e}")
     rank, _, world, device, dtype = palt.init_distributed(run.dtype)
@@ -645,14 +720,10 @@ def main(argv=None):
         model, tokenizer, info = load_model(run, device)
         palt.check_seq_length(info["max_seq_length"], sum(info["prompts"]), model.bert.config.max_position_embeddings,
                               info["model"])
-        kg = data.load_kg(run.data, run.data_dir, text=info["text"])
-        if info["data_fingerprint"] not in (None, kg.fingerprint):
-            raise SystemExit(f"error: {run.ckpt} was trained on other {kg.name} files (fingerprint "
-                             f"{info['data_fingerprint']}, these are {kg.fingerprint})")
         enc = data.encode(kg, tokenizer)
         scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], device, dtype, run.tokens)
         if run.task == "predict":
-            return predict(run, scorer, kg) if rank == 0 else None
+            return predict(run, scorer, kg, tokenizer) if rank == 0 else None
         result, state = (link_prediction(run, scorer, kg, info, state_dir, rank, world) if run.task == "lp"
                          else triple_classification(run, scorer, kg, rank, world))
         if rank != 0:
@@ -675,7 +746,7 @@ def main(argv=None):
             row += [f"{result['metrics']['dev_accuracy']:.4f}", f"{result['metrics']['test_accuracy']:.4f}"]
         text = json.dumps(result, indent=1) + "\n"
         try:
-            hub.write_atomic(out, lambda f: f.write(text.encode()))
+            files.write_atomic(out, lambda f: f.write(text.encode()))
         except OSError as e:
             keep = (f"the ranks stay saved in {state.folder}: make room, and the same command writes the results "
                     "without scoring again") if state else "the metrics are printed above"

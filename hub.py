@@ -1,19 +1,21 @@
-"""Files, kept out of the model-reading path: reading and writing them safely (one-line errors, atomic writes,
-project-relative names), base models from the Hugging Face hub (into weights/, or $PALT_WEIGHTS) and the benchmarks
-from KG-BERT's repository (checked against data.sha256), and their checks.
+"""Downloads and checks, above the model and data files: base models from the Hugging Face hub (into weights/, or
+$PALT_WEIGHTS) and the benchmarks from KG-BERT's repository (checked against data.sha256), and their checks.
 
     python hub.py --download umls [--data-dir D]        (a benchmark, into D, else $PALT_DATA, else ./data)
     python hub.py --stats [--data-dir D] [--text long]  (every benchmark found, beside the paper's counts)
     python hub.py --check bert-base-cased               (a model: what loads, and one NSP probability)
 
 Every file is fetched into a .part file that a rerun resumes, checked for size and sha256, then renamed into place.
-Tests point PALT_HUB_URL / PALT_DATA_URL at a local server. bert.py and data.py import this module; its command
-line imports them in turn, inside the functions that use them.
+Tests point PALT_HUB_URL / PALT_DATA_URL at a local server. Imports point one way: files.py <- bert.py, data.py
+<- hub.py <- palt.py <- train.py, evaluate.py.
 """
-import argparse, hashlib, importlib.util, os, re, sys, tempfile, urllib.error, urllib.request
+import argparse, importlib.util, os, re, sys, urllib.error, urllib.request
 from pathlib import Path
+import torch
 
-ROOT = Path(__file__).resolve().parent  # the project: shipped adapters in ROOT/weights, paths in results relative to it
+import bert, data
+from files import ROOT, sha256_file
+
 WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", ROOT / "weights"))  # downloaded base models
 HUB = os.environ.get("PALT_HUB_URL", "https://huggingface.co")
 HUB_MODELS = {name: f"google-bert/{name}" for name in ("bert-base-cased", "bert-base-uncased", "bert-large-cased",
@@ -26,58 +28,6 @@ SHA256SUMS = Path(__file__).with_name("data.sha256")  # KG-BERT's files, as `sha
 class DownloadError(ValueError):
     """A model or data file that cannot be had (a download failed or did not check out, no such model folder):
     one line naming it, and where to put the files instead."""
-
-
-# ----------------------------------------------------------------------------- reading and writing files safely
-def readable(path, error=OSError):
-    """str(path) once open() works on it, else `error` in one line: safetensors and tokenizers report every failed
-    open as "not found", but a file without read permission is not missing."""
-    try:
-        open(path, "rb").close()
-    except OSError as e:  # a folder counts as missing
-        raise error(f"{path}: " + ("cannot read it (permission denied)" if isinstance(e, PermissionError)
-                                   else "no such file")) from None
-    return str(path)
-
-
-def write_atomic(path, write):
-    """write(f) into path.tmp, then rename it over path: a kill, or a disk that fills, keeps the previous file.
-    An OSError (disk full, permissions) comes out after the .tmp is removed."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def check_writable(folder, what):
-    """Fail now, in one line, not after hours of work: files must be creatable in `folder`, or in the nearest
-    existing folder above it (folders are made only when something is written)."""
-    folder = Path(folder)
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise SystemExit(f"error: {what}: {folder} is not a folder")
-    try:
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise SystemExit(f"error: {what}: cannot write in {folder} ({e.strerror or e})") from None
-
-
-def project_path(path):
-    """How results name a file: relative to the project, else its folder and name (never a machine's absolute path)."""
-    p = Path(path).resolve()
-    return str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else Path(*p.parts[-2:]))
-
-
-def sha256_file(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def download(url, dest, sha256=None, size=None):
@@ -148,6 +98,15 @@ def model_dir(name_or_path):
     return target
 
 
+def load_bert(name_or_path):
+    """bert.load_bert of minilm (the pip package), a hub name (downloaded once) or a model folder."""
+    try:
+        path = model_dir(name_or_path)
+    except DownloadError as e:
+        raise bert.CheckpointError(str(e)) from None
+    return bert.load_bert(path)
+
+
 def checksums():
     """{folder: {file: sha256}} from data.sha256 (`cd $PALT_DATA && sha256sum -c .../data.sha256` checks a copy)."""
     sums = {}
@@ -179,8 +138,9 @@ def benchmark(folder, target, base_url=None, sums=None):
 
 def dataset(name, data_dir=None, base_url=None, sums=None):
     """`--download NAME`: KG-BERT's files of one benchmark into <data root>/<folder>."""
-    import data
-    name, folder, _ = data.dataset(name)
+    if name.lower() not in data.DATASETS:
+        raise data.DataError(f"{name}: unknown dataset (one of {', '.join(data.DATASETS)})")
+    folder = data.DATASETS[name.lower()][0]
     return benchmark(folder, data.data_root(data_dir) / folder, base_url, sums)
 
 # ----------------------------------------------------------------------------- checks: --stats, --check
@@ -195,7 +155,6 @@ PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: 
 
 def stats(data_dir=None, model="minilm", text="name"):
     """The counts of every benchmark found, beside the paper's, and its entity texts' token lengths."""
-    import bert, data
     tok, root = bert.load_tokenizer(model_dir(model)), data.data_root(data_dir)
     found = [name for name, (folder, *_) in data.DATASETS.items() if (root / folder).is_dir()]
     if not found:
@@ -218,8 +177,7 @@ def stats(data_dir=None, model="minilm", text="name"):
 
 def check(name_or_path):
     """What was loaded, and the NSP probability of one sentence pair: the first smoke test for a model."""
-    import bert, torch
-    m = bert.load_bert(name_or_path)
+    m = load_bert(name_or_path)
     print(f"model   {m.path}\nconfig  {m.config}\nsha256  {m.weights_sha256}\n"
           f"params  {sum(p.numel() for p in m.model.parameters()):,}")
     for head in ("pooler", "nsp"):
@@ -235,7 +193,6 @@ def check(name_or_path):
 
 
 if __name__ == "__main__":
-    import bert, data
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--download", metavar="NAME", help=f"fetch one of {', '.join(data.DATASETS)} from KG-BERT's repository")
@@ -243,7 +200,7 @@ if __name__ == "__main__":
     p.add_argument("--check", metavar="MODEL", help=f"minilm, {', '.join(HUB_MODELS)}, or a directory with model.safetensors")
     p.add_argument("--data-dir", help="folder holding the dataset folders (default $PALT_DATA, else ./data)")
     p.add_argument("--model", default="minilm", help="tokenizer for --stats: minilm or a model name/dir")
-    p.add_argument("--text", default="name", choices=["name", "long"], help="--stats: entity names or descriptions")
+    p.add_argument("--text", default="name", choices=data.TEXTS, help="--stats: entity names or descriptions")
     args = p.parse_args()
     if not (args.download or args.stats or args.check):
         p.error("nothing to do: give --download NAME, --stats or --check MODEL")

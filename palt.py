@@ -13,8 +13,9 @@ import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import save
 
-from bert import CheckpointError, attention_mask_bias, cpu_has_native_bf16, load_bert, resolve_dtype
-from hub import readable, write_atomic
+from bert import CheckpointError, attention_mask_bias, cpu_has_native_bf16, resolve_dtype
+from files import readable, write_atomic
+from hub import load_bert
 
 
 class ConfigError(ValueError):

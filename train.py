@@ -12,11 +12,13 @@ import torch.nn.functional as F
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import palt
+
 from bert import DTYPES, CheckpointError, autocast
-from data import DataError, NegativeSampler, build_batch, encode, load_kg, seq_lengths
-from hub import check_writable
+from data import DATASETS, TEXTS, DataError, NegativeSampler, build_batch, dataset, encode, load_kg, seq_lengths
+from files import check_writable
 from palt import (ConfigError, PaltConfig, build_palt, check_limits, check_seq_length, init_distributed, palt_meta,
-                  param_report, read_checkpoint, save_atomic, trainable_state)
+                  param_report, read_checkpoint, save_atomic, save_checkpoint, trainable_state)
 
 # Two recipes per dataset. paper: the paper's appendix (BERT-base, GPU; umls is not in it: our choice). cpu: ours
 # for MiniLM on a few CPU cores, measured in RESULTS.md. batch = positives per optimizer step over all ranks, each
@@ -36,6 +38,9 @@ PRESETS = {
     "cpu": {"wn11": CPU | dict(epochs=3), "fb13": CPU | dict(epochs=1), "umls": CPU | dict(epochs=8, dev_limit=100),
             "fb15k-237": BIG_CPU, "wn18rr": BIG_CPU},
 }
+# a graph of one's own (--data FOLDER): umls's settings, dev ranked against at most 1,000 sampled entities
+PRESETS["paper"]["own"] = PRESETS["paper"]["umls"] | dict(dev_sample=1000)
+PRESETS["cpu"]["own"] = PRESETS["cpu"]["umls"] | dict(epochs=5, dev_sample=1000)
 
 
 @dataclass
@@ -93,12 +98,14 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # '-1,0,0' and '-1e-3' are values (refused below with their own message), not unknown options
     ap._negative_number_matcher = re.compile(r"^-\.?\d")
-    ap.add_argument("--data", required=True, choices=list(PRESETS["paper"]), type=str.lower)
+    ap.add_argument("--data", required=True, help=f"{', '.join(DATASETS)}, or the folder of a graph of one's own "
+                    "(train.tsv, optional dev.tsv, test.tsv, entity2text.txt, relation2text.txt)")
     ap.add_argument("--recipe", choices=list(PRESETS), default="paper",
                     help="settings not given: the paper's (BERT-base, GPU) or ours for MiniLM on CPU (see PRESETS)")
     ap.add_argument("--model", default="minilm", help="minilm, bert-base-cased, ..., or a directory")
     ap.add_argument("--data-dir", help="folder holding the datasets (else $PALT_DATA, else data/)")
-    ap.add_argument("--text", choices=["name", "long"], default="name")
+    ap.add_argument("--text", choices=TEXTS, default="name", help="entity text: names, long descriptions "
+                    "(umls, fb13: entity2textlong.txt), description (fb15k-237: 'Name -- first sentence')")
     ap.add_argument("--out", help="checkpoint and log folder (default runs/<data>-<model>)")
     ap.add_argument("--epochs", type=int)
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (the schedule ends there)")
@@ -125,7 +132,12 @@ def parse_args(argv=None):
                         default=Run.__dataclass_fields__[f].default)
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
     run = Run(**vars(ap.parse_args(argv)))
-    for k, v in PRESETS[run.recipe][run.data].items():  # the preset fills what the command line left open
+    try:
+        name = dataset(run.data, run.data_dir)[0]  # a benchmark's name, or a folder with train.tsv
+    except DataError as e:
+        ap.error(str(e))
+    run.data = name if run.data.lower() in DATASETS else run.data
+    for k, v in PRESETS[run.recipe][run.data if run.data in DATASETS else "own"].items():  # the preset fills what the command line left open
         if getattr(run, k) is None:
             setattr(run, k, v)
     check_limits(ap, run, LIMITS)
@@ -138,7 +150,7 @@ def parse_args(argv=None):
     if run.finetune:  # the paper's Finetuning row: the whole LM, none of PALT's parts
         run.prompts, run.calib, run.no_wp = (0, 0, 0), (), True
     check_seq_length(run.max_seq_length, sum(run.prompts))
-    run.out = run.out or f"runs/{run.data}-{Path(run.model).name}"
+    run.out = run.out or f"runs/{name}-{Path(run.model).name}"
     return run
 
 
@@ -202,10 +214,11 @@ def save(out, model, opt, params, meta, names):
     always last, so that a kill in between replays from the previous state). A failed write keeps the previous
     file and says how to continue."""
     for name in names:
-        state = name == "state"
-        tensors = state_tensors(model, opt, params) if state else {n: t.cpu() for n, t in trainable_state(model).items()}
         try:
-            save_atomic(out / f"{name}.safetensors", tensors, {**meta, "kind": "train-state" if state else "checkpoint"})
+            if name == "state":
+                save_atomic(out / "state.safetensors", state_tensors(model, opt, params), meta | {"kind": "train-state"})
+            else:
+                save_checkpoint(out / f"{name}.safetensors", model, meta)
         except OSError as e:
             raise SystemExit(f"error: cannot write {out / name}.safetensors ({e.strerror}); the previous file is kept: "
                              f"fix that and run again with --resume to continue from the last saved state")
@@ -228,6 +241,7 @@ def train_step(ddp_model, opt, params, batch, labels, lr, run, dtype, device):
 def build(run, dtype, device):
     """The PALT model (fresh heads seeded alike on every rank), the graph, its token ids, the checkpoint metadata,
     the trainable parameters and their AdamW."""
+    kg = load_kg(run.data, run.data_dir, run.text)  # before the model: a data error costs seconds
     torch.manual_seed(run.seed)
     cfg = PaltConfig(prompts=run.prompts, calib_layers=run.calib, prompt_encoder=not run.no_wp,
                      prompt_mlp=run.prompt_mlp, finetune=run.finetune)
@@ -235,9 +249,8 @@ def build(run, dtype, device):
     check_seq_length(run.max_seq_length, sum(run.prompts), loaded.config.max_position_embeddings, loaded.path.name)
     if not any(p.requires_grad for p in model.parameters()):
         raise SystemExit("error: nothing to train (zero-shot needs no training: use evaluate.py --model)")
-    kg = load_kg(run.data, run.data_dir, run.text)
     report = param_report(model)
-    meta = {"model": run.model, "weights_sha256": loaded.weights_sha256, "data": kg.name, "data_fingerprint": kg.fingerprint,
+    meta = {"model": run.model, "weights_sha256": loaded.weights_sha256, "data": run.data, "data_fingerprint": kg.fingerprint,
             "text": run.text, "text_file": kg.text_file, "prompts": list(run.prompts), "max_seq_length": run.max_seq_length,
             "dtype": dtype, "palt": palt_meta(model), "run": json.dumps(asdict(run)), "tunable": report["tunable"],
             "total": report["total"]}
@@ -271,6 +284,12 @@ def main(run):
     print0(f"{kg.name}: {len(kg.train):,} train triples, {len(kg.entities):,} entities, text {kg.text_file} | "
            f"{Path(run.model).name}: tunable {report['tunable']:,} of {report['total']:,} ({report['percent']:.2f}%) "
            f"{report['parts']} | {dtype} on {device} x {world}")
+    if run.data not in DATASETS:  # a graph of one's own: what it lacks, and the settings it gets, said once
+        print0(f"settings for a graph of one's own (PRESETS['{run.recipe}']['own'], flags win): " + ", ".join(
+            f"{k} {getattr(run, k)}" for k in PRESETS[run.recipe]["own"]))
+    for note in kg.notes + [f"{kg.folder}: no dev.tsv, so no dev points, so no best.safetensors; ckpt.safetensors is the last epoch"
+                            ] * (len(kg.dev) == 0):
+        print0(note)
     ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None) if ddp else model
 
     history = {"epoch": 0, "step": 0, "dev": [], "best_epoch": None, "best": None, "train_wall_s": 0.0}
@@ -296,6 +315,8 @@ def main(run):
         log0(start)
 
     def dev_point(epoch, step):  # rank 0 only; its time counts in no training figure
+        if not len(kg.dev):  # a graph of one's own without dev.tsv
+            return None, 0.0
         t = time.time()
         history["dev"].append({"epoch": epoch, "step": step, **dev_metric(model.eval(), kg, enc, run, device, dtype)})
         ddp_model.train()
@@ -336,7 +357,8 @@ def main(run):
             if run.dev_every and step % run.dev_every == 0 and i < len(order) - 1 and step < total:
                 if master_process:  # a point of the curve, and a state to resume from; the epoch's end decides the checkpoints
                     dev, spent = dev_point(round(epoch + (i + 1) / len(order), 3), step)
-                    log0(f"dev at step {step} (epoch {dev['epoch']}): {dev_line(dev)}")
+                    if dev:
+                        log0(f"dev at step {step} (epoch {dev['epoch']}): {dev_line(dev)}")
                     t0 += spent
                     save(out, model, opt, params, meta | history | {"epoch": epoch, "step": step, "train_wall_s":
                                                                     history["train_wall_s"] + time.time() - t0}, ["state"])
@@ -348,17 +370,18 @@ def main(run):
         history["epoch"], history["step"] = epoch + 1, step
         if master_process:  # dev after every epoch; then best (if better), last checkpoint, and the resume state
             dev, _ = dev_point(epoch + 1, step)
-            better = history["best"] is None or dev["value"] > history["best"]
+            better = dev is not None and (history["best"] is None or dev["value"] > history["best"])
             if better:
                 history["best"], history["best_epoch"] = dev["value"], epoch + 1
-            log0(f"dev after epoch {epoch + 1}: {dev_line(dev)}" + (" (best so far)" if better else ""))
+            if dev:
+                log0(f"dev after epoch {epoch + 1}: {dev_line(dev)}" + (" (best so far)" if better else ""))
             save(out, model, opt, params, meta | history, ["best"] * better + ["ckpt", "state"])
         if ddp:
             dist.barrier()  # the other ranks wait for rank 0's dev evaluation and saves
     if master_process:
         print0(f"trained {step} steps in {history['train_wall_s'] / 60:.1f} min ({dtype}); last {out}/ckpt.safetensors "
-               f"({(out / 'ckpt.safetensors').stat().st_size / 2**20:.1f} MiB), best by dev {out}/best.safetensors "
-               f"(epoch {history['best_epoch']})")
+               f"({(out / 'ckpt.safetensors').stat().st_size / 2**20:.1f} MiB)" + (f", best by dev {out}/best.safetensors "
+               f"(epoch {history['best_epoch']})" if history["best_epoch"] else ""))
     if ddp:
         del ddp_model  # DDP's reducer holds gloo work; freed at interpreter exit it can abort the process (SIGABRT)
         dist.barrier()

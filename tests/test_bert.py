@@ -6,7 +6,8 @@ import torch
 from safetensors.torch import save_file
 
 import hub
-from bert import CheckpointError, load_bert, load_tokenizer, load_weights
+from bert import CheckpointError, load_tokenizer, load_weights
+from hub import load_bert
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

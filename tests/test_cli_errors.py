@@ -173,6 +173,24 @@ def column(i, value):
     return lambda row: b"\t".join(value if j == i else c for j, c in enumerate(row.split(b"\t")))
 
 
+def own_graph(**files):
+    """A graph of one's own in tmp/own: a good train.tsv and test.tsv, then `files` ({name_ext: bytes}) over them."""
+    def setup(w, tmp):
+        (tmp / "own").mkdir()
+        good = {"train_tsv": b"a\tr\tb\nb\tr\tc\nc\tr\ta\n", "test_tsv": b"a\tr\tc\n"}
+        for name, content in (good | files).items():
+            (tmp / "own" / name.replace("_tsv", ".tsv").replace("_txt", ".txt")).write_bytes(content)
+        return {"own": tmp / "own"}
+    return setup
+
+
+def queries_file(content):
+    def setup(w, tmp):
+        (tmp / "q.tsv").write_bytes(content)
+        return {}
+    return setup
+
+
 def read_only_folder(w, tmp):
     (tmp / "ro").mkdir()
     (tmp / "ro").chmod(0o555)
@@ -221,7 +239,7 @@ CASES = [
     C("train-dev-limit-0", "ranking no dev triples", train("--dev-limit", "0"), ("--dev-limit",), ARGPARSE),
     C("train-dev-every-0", "a dev point every 0 steps", train("--dev-every", "0"), ("--dev-every",), ARGPARSE),
     C("train-calib-x", "calibration layers that are not numbers", train("--calib", "x"), ("--calib", "'x'"), ARGPARSE),
-    C("train-data-unknown", "an unknown dataset", train("--data", "nosuch"), ("--data", "'nosuch'"), ARGPARSE),
+    C("train-data-unknown", "an unknown dataset", train("--data", "nosuch"), ("--data nosuch: neither a benchmark",), ARGPARSE),
     C("train-dtype-fp16", "an unsupported precision", train("--dtype", "fp16"), ("--dtype", "'fp16'"), ARGPARSE),
     # --------------------------------------------------------------- train.py: settings that need the model or the data
     C("train-max-seq-length-positions", "more positions than the model has (256)", train("--max-seq-length", "512"),
@@ -262,7 +280,7 @@ CASES = [
     C("resume-other-model", "--resume with another base model", train("--resume", "--model", "{headless}", out="{run}"),
       ("{run}/state.safetensors", "weights_sha256")),
     # --------------------------------------------------------------- evaluate.py: flags
-    C("eval-data-unknown", "an unknown dataset", evaluate("--lp", "--data", "nosuch"), ("--data", "'nosuch'"), ARGPARSE),
+    C("eval-data-unknown", "an unknown dataset", evaluate("--lp", "--data", "nosuch"), ("--data nosuch: neither a benchmark",), ARGPARSE),
     C("eval-limit-0", "rank no triples", evaluate("--lp", "--ckpt", "{run}", "--limit", "0"), ("--limit",), ARGPARSE),
     C("eval-topk-0", "no completions", evaluate("--predict", "--ckpt", "{run}", "e1", "r0", "--topk", "0"), ("--topk",),
       ARGPARSE),
@@ -277,7 +295,7 @@ CASES = [
     C("eval-dtype-x", "an unknown precision", evaluate("--lp", "--ckpt", "{run}", "--dtype", "x"), ("--dtype", "'x'"),
       ARGPARSE),
     C("eval-predict-one-arg", "--predict without its relation", evaluate("--predict", "--ckpt", "{run}", "e1"),
-      ("--predict", "ENTITY RELATION"), ARGPARSE),
+      ("--predict", "HEAD RELATION"), ARGPARSE),
     C("eval-max-seq-length-prompts", "too short for the checkpoint's 4 prompts and the specials",
       evaluate("--lp", "--ckpt", "{run}", "--max-seq-length", "7", "--out", "{tmp}/r.json"),
       ("--max-seq-length 7", "prompt")),
@@ -306,6 +324,30 @@ CASES = [
       evaluate("--lp", "--ckpt", "{run}", "--text", "long", "--out", "{tmp}/r.json"), ("{run}/best.safetensors", "--text")),
     C("eval-zero-shot-headless", "zero-shot with a model without NSP head",
       evaluate("--lp", "--data", "umls", "--model", "{headless}", "--out", "{tmp}/r.json"), ("{headless}", "NSP head")),
+    C("eval-predict-near-names", "a misspelt entity: the nearest names are suggested",
+      evaluate("--predict", "--ckpt", "{run}", "w1 w4", "r0"), ("entity 'w1 w4'", "did you mean", "text:")),
+    C("eval-predict-bad-query-line", "a file of queries with a line that is no query",
+      evaluate("--predict", "--ckpt", "{run}", "--queries", "{tmp}/q.tsv"), ("{tmp}/q.tsv:2: expected",),
+      setup=queries_file(b"e1\tr0\t?\ne1\t?\t?\n")),
+    C("eval-predict-queries-missing", "a file of queries that is not there",
+      evaluate("--predict", "--ckpt", "{run}", "--queries", "{tmp}/nosuch.tsv"), ("{tmp}/nosuch.tsv", "no such file")),
+    C("eval-own-graph-other-ckpt", "a umls checkpoint on a graph of one's own",
+      evaluate("--lp", "--ckpt", "{run}", "--data", "{own}", "--out", "{tmp}/r.json"), ("umls, not {own}",),
+      setup=own_graph()),
+    # --------------------------------------------------------------- a graph of one's own (--data FOLDER)
+    C("own-no-train", "a folder without train.tsv", train("--data", "{empty}"), ("{empty}/train.tsv",), ARGPARSE),
+    C("own-mixed-columns", "test.tsv with 3 columns on line 1 and 4 on line 2", train("--data", "{own}"),
+      ("{own}/test.tsv:2", "columns"), setup=own_graph(test_tsv=b"a\tr\tc\nb\tr\ta\t1\n")),
+    C("own-unseen-entity", "a test entity that occurs in no train triple and there is no text file",
+      train("--data", "{own}"), ("{own}/test.tsv:1", "'zz'", "train.tsv"), setup=own_graph(test_tsv=b"zz\tr\ta\n")),
+    C("own-entity-without-text", "a train entity missing from entity2text.txt", train("--data", "{own}"),
+      ("{own}/train.tsv:2", "'c'", "entity2text.txt"), setup=own_graph(entity2text_txt=b"a\tAlpha\nb\tBravo\n")),
+    C("own-duplicate-id", "an id twice in entity2text.txt", train("--data", "{own}"),
+      ("{own}/entity2text.txt:2", "duplicate id 'a'"), setup=own_graph(entity2text_txt=b"a\tAlpha\na\tAlf\n")),
+    C("own-empty-train", "an empty train.tsv", train("--data", "{own}"), ("{own}/train.tsv:1", "empty"),
+      setup=own_graph(train_tsv=b"\n")),
+    C("own-not-utf8", "a train.tsv in Latin-1", train("--data", "{own}"), ("{own}/train.tsv:2", "not UTF-8"),
+      setup=own_graph(train_tsv=b"a\tr\tb\nb\tr\tc\xe9\n")),
     # --------------------------------------------------------------- hub.py: --download, --stats, --check
     C("data-download-unknown", "--download of an unknown dataset",
       ["hub.py", "--download", "nosuch", "--data-dir", "{tmp}/dl"], ("nosuch", "unknown dataset")),

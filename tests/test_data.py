@@ -137,7 +137,7 @@ def test_triple_classification_labels_and_negatives_are_not_facts(tmp_path):
     (dict(train_tsv="a\tr9\tb\n"), "train.tsv:1:", "relation 'r9' has no text in relation2text.txt"),
     (dict(entity2text_txt="a\talpha\nb\n"), "entity2text.txt:2:", "an id with no text"),
     (dict(entity2text_txt="a\talpha\na\tbravo\n"), "entity2text.txt:2:", "duplicate id 'a'"),
-    (dict(dev_tsv="\n\n"), "dev.tsv:1:", "empty split"),
+    (dict(dev_tsv="\n\n"), "dev.tsv:1:", "empty file"),
     (dict(test_tsv=None), "test.tsv:", "no such file"),
     (dict(relation2text_txt=None), "relation2text.txt:", "no such file"),
     (dict(train_tsv=b"a\tr1\t\xff\n"), "train.tsv:1:", "not UTF-8"),
@@ -159,7 +159,7 @@ def test_labels_other_than_1_and_minus_1_are_errors(tmp_path, dev, line, label):
 def test_missing_dataset_and_unknown_name(tmp_path):
     with pytest.raises(DataError, match="no such dataset folder.*--download wn18rr"):
         load_kg("wn18rr", tmp_path)
-    with pytest.raises(DataError, match="unknown dataset"):
+    with pytest.raises(DataError, match="yago: neither a benchmark .* nor a folder"):
         load_kg("yago", tmp_path)
 
 

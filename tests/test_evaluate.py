@@ -305,6 +305,30 @@ def test_predict_lists_the_top_completions(trained, lp_root, capsys):
     assert all(("*" in line) == ((0, 0, t) in TRAIN + DEV + TEST) for line, t in zip(lines[1:], top))
 
 
+def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp_root, tmp_path, capsys):
+    """'?' RELATION TAIL ranks heads; a file of queries gives a TSV of the top-k; text:... is an entity that is not
+    in the graph, scored by its text exactly as a graph entity with that text is."""
+    path, model, kg, enc = trained
+    base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--topk", "3", "--dtype", "fp32"]
+    evaluate.main(base + ["?", "part of", "stone"])
+    lines = capsys.readouterr().out.splitlines()
+    s = evaluate.Scorer(model, enc, (2, 1, 1), 12)([(h, 0, 2) for h in range(10)]).numpy()
+    assert lines[0].startswith("(?, part of, stone) over 10 candidates")
+    assert [int(re.search(r" e(\d+) ", line)[1]) for line in lines[1:]] == list(np.argsort(-s, kind="stable")[:3])
+    (tmp_path / "q.tsv").write_text("apple\tpart of\t?\n\n?\tr1\te6\ntext:stone\tpart of\n")
+    evaluate.main(base + ["--queries", str(tmp_path / "q.tsv"), "--out", str(tmp_path / "top.tsv")])
+    rows = [r.split("\t") for r in (tmp_path / "top.tsv").read_text().splitlines()]
+    assert rows[0] == ["query", "rank", "entity", "text", "score", "known"] and len(rows) == 1 + 3 * 3
+    assert [r[0] for r in rows[1::3]] == ["(apple, part of, ?)", "(?, similar to, paper)", "(stone, part of, ?)"]
+    known = {(0, 0, t) for t in range(10)} & set(TRAIN + DEV + TEST)
+    assert all(r[5] == str(int((0, 0, int(r[2][1:])) in known)) for r in rows[1:4])
+    assert {r[5] for r in rows[7:]} == {"0"}  # an entity from text is in no known fact
+    graph = {r[2]: float(r[4]) for r in rows[1:]}  # (stone, part of, ?) by id gives the scores of its text
+    evaluate.main(base + ["e2", "r0", "--topk", "10", "--out", str(tmp_path / "byid.tsv")])
+    byid = {r.split("\t")[2]: float(r.split("\t")[4]) for r in (tmp_path / "byid.tsv").read_text().splitlines()[1:]}
+    assert all(byid[e] == pytest.approx(v, abs=1e-5) for e, v in graph.items() if e in [r[2] for r in rows[7:]])
+
+
 def test_triple_classification(tiny_bert, tmp_path, capsys):
     rng = np.random.default_rng(3)
     dev, test = rng.integers(0, 10, size=(40, 3)) % [10, 2, 10], rng.integers(0, 10, size=(30, 3)) % [10, 2, 10]
@@ -423,8 +447,8 @@ def test_data_defaults_to_the_checkpoints_own_dataset(trained, tmp_path):
 def test_without_ckpt_the_shipped_adapter_is_evaluated(trained, lp_root, tmp_path, monkeypatch, capsys):
     weights = tmp_path / "weights"
     save_like(weights / "palt-umls-minilm.safetensors", trained)
-    monkeypatch.setattr(evaluate.hub, "ROOT", tmp_path)  # the project's own weights/ ...
-    monkeypatch.setattr(evaluate.hub, "WEIGHTS", tmp_path / "elsewhere")  # ... whatever $PALT_WEIGHTS says
+    monkeypatch.setattr(evaluate.files, "ROOT", tmp_path)  # the project's own weights/ ...
+    monkeypatch.setattr(hub, "WEIGHTS", tmp_path / "elsewhere")  # ... whatever $PALT_WEIGHTS says
     monkeypatch.chdir(tmp_path)
     evaluate.main(["--lp", "--data-dir", str(lp_root), "--limit", "2"])  # --data: umls
     got = json.loads((tmp_path / "results" / "umls-palt-umls-minilm-lp-test-limit2-seed0.json").read_text())

@@ -119,10 +119,10 @@ def test_checkpoint_roundtrip_and_wrong_base(base, tmp_path):
 
 
 def test_every_unreadable_file_says_permission_denied_not_missing(base, tmp_path, monkeypatch):
-    """Every file is opened through hub.readable first (safetensors and tokenizers call any failed open "not
+    """Every file is opened through files.readable first (safetensors and tokenizers call any failed open "not
     found"): a model file, a data file and a checkpoint without read permission say so in one line. Root reads
     any file, so open() is mocked to refuse one."""
-    import builtins, shutil, evaluate, hub
+    import builtins, shutil, evaluate, files
     from conftest import write_tiny_kg
     from data import DataError, load_kg
     model = shutil.copytree(base, tmp_path / "m")
@@ -144,7 +144,7 @@ def test_every_unreadable_file_says_permission_denied_not_missing(base, tmp_path
             if str(file) == str(target):
                 raise PermissionError(13, "Permission denied", str(file))
             return builtins.open(file, *a, **k)
-        monkeypatch.setattr(hub, "open", refuse, raising=False)
+        monkeypatch.setattr(files, "open", refuse, raising=False)
         with pytest.raises(error) as e:
             read()
         assert str(e.value).removeprefix("error: ") == f"{target}: cannot read it (permission denied)", target
