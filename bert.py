@@ -1,8 +1,5 @@
-"""A minimal BERT in pure PyTorch that loads the original Hugging Face weights from safetensors.
-
-Post-LN encoder, exact erf GELU, attention through F.scaled_dot_product_attention, pooler and NSP head.
-`python hub.py --check NAME_OR_PATH` is the first smoke test for a model.
-"""
+"""A minimal BERT in pure PyTorch (post-LN, exact erf GELU, F.scaled_dot_product_attention, pooler and NSP head) that
+loads the original Hugging Face weights; `python hub.py --check NAME_OR_PATH` is the first smoke test for a model."""
 import json, re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -142,12 +139,11 @@ class Bert(nn.Module):
 
 
 # ----------------------------------------------------------------------------- precision
-DTYPES = ("auto", "fp32", "bf16")
+DTYPES = ("auto", "fp32", "bf16")  # autocast precisions: weights, optimizer state, loss and the NSP head stay fp32
 
 
 def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
-    """True where the CPU has bf16 dot-product instructions (AVX512_BF16 or AMX): there bf16 matmuls run ~3x fp32;
-    elsewhere they are emulated and slower than fp32."""
+    """True where the CPU has bf16 dot products (AVX512_BF16, AMX), ~3x fp32's speed; elsewhere bf16 is slower."""
     try:
         return not {"avx512_bf16", "amx_bf16"}.isdisjoint(Path(cpuinfo).read_text().split())
     except OSError:
@@ -155,8 +151,7 @@ def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
 
 
 def resolve_dtype(choice, device):
-    """'auto' | 'fp32' | 'bf16' -> 'fp32' | 'bf16': the autocast precision. auto = bf16 on CUDA, and on CPUs with
-    native bf16; fp32 otherwise. Weights, optimizer state, loss and the NSP head stay fp32 either way."""
+    """'auto' | 'fp32' | 'bf16' -> 'fp32' | 'bf16'; auto = bf16 on CUDA and on CPUs with native bf16, else fp32."""
     if choice not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, not {choice!r}")
     if choice == "auto":
@@ -202,23 +197,17 @@ def our_name(hf_key):
     raise KeyError(hf_key)
 
 
-def read_safetensors(path):
-    """({our name: fp32 tensor}, {our name: checkpoint key}); an unknown key is an error, IGNORED ones are skipped."""
+def load_weights(model_dir):
+    """(Bert in fp32, new_heads): strictly from model.safetensors, shape by shape; heads it lacks are new_heads."""
+    path = Path(model_dir) / "model.safetensors"
     try:
         with safe_open(readable(path, CheckpointError), framework="pt") as f:
-            keys = {name: key for key in f.keys() if (name := our_name(key)) is not None}
-            return {name: f.get_tensor(key).float() for name, key in keys.items()}, keys
+            keys = {name: key for key in f.keys() if (name := our_name(key)) is not None}  # ours -> checkpoint's
+            tensors = {name: f.get_tensor(key).float() for name, key in keys.items()}
     except KeyError as e:
         raise CheckpointError(f"{path}: unknown key {e.args[0]!r} (not in bert.py's NAME_TABLE or IGNORED)") from None
     except SafetensorError as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
-
-
-def load_weights(model_dir):
-    """(Bert in fp32, new_heads): every parameter filled from the file, strictly and shape by shape, except a head
-    that the checkpoint lacks (freshly initialised and listed in new_heads)."""
-    path = Path(model_dir) / "model.safetensors"
-    tensors, keys = read_safetensors(path)
     config = BertConfig.from_json(Path(model_dir) / "config.json")
     with torch.device("meta"):
         model = Bert(config)

@@ -2,16 +2,15 @@
 
     python evaluate.py --lp [--limit 200] [--raw]              (the shipped adapter weights/palt-umls-minilm)
     python evaluate.py --tc --ckpt runs/wn11-minilm             (a run folder: its best.safetensors)
-    python evaluate.py --predict virus causes [--reverse]       (top-10 completions)
+    python evaluate.py --predict virus causes                   (top-10 tails; '?' RELATION TAIL: heads)
     torchrun --nproc_per_node 8 evaluate.py --lp --ckpt PATH    (queries split over the ranks)
 
 A triple's score is the NSP logit margin logits[:,0] - logits[:,1] in fp32 (a softmax probability saturates and
 turns distinct scores into ties). A true answer tied with k others has optimistic rank r, pessimistic r + k and
 realistic r + k/2 (random tie-breaking, as PyKEEN reports); metrics use realistic filtered ranks, the JSON has all.
---data defaults to the checkpoint's dataset; without --ckpt and --model the shipped adapter for --data is used.
+--data: the checkpoint's dataset, else umls (wn11 for --tc); no --ckpt and no --model: the adapter shipped for --data.
 """
 import argparse, difflib, json, os, shutil, sys, time
-from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np
 import torch
@@ -25,15 +24,14 @@ import palt
 KS = (1, 3, 10)  # Hits@k
 ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False, finetune=False)
 DEFAULT_DATA = {"lp": "umls", "tc": "wn11", "predict": "umls"}  # what `python evaluate.py --lp` evaluates
+NO_ROWS = np.zeros((0, 6), np.int64)  # no ranks yet: rows are (test triple, side, four ranks)
+
 
 # ----------------------------------------------------------------------------- ranks, metrics, thresholds
-
-
 def query_ranks(scores, row, target, known=None):
-    """Optimistic and pessimistic rank (n,) of candidate target[i] in the score row scores[row[i]] (K, C), for all
-    n test triples of K queries in one op. known (K, C) bool marks each query's known true answers: they are left
-    out of the ranking (filtered setting) except the target itself; None ranks among all candidates (raw).
-    optimistic = 1 + #(better), pessimistic = #(better or tied), the target included."""
+    """Optimistic (1 + #better) and pessimistic (#better or tied, the target included) rank (n,) of candidate
+    target[i] in the score row scores[row[i]] (K, C): n test triples of K queries in one op. known (K, C) bool marks
+    each query's known answers, left out of the ranking (filtered) except the target itself; None: raw ranks."""
     s = scores[row]  # (n, C)
     i = torch.arange(len(row), device=s.device)
     t = s[i, target][:, None]
@@ -52,9 +50,8 @@ def rank_metrics(optimistic, pessimistic):
     expectation when the rank is uniform on optimistic..pessimistic (random tie-breaking). The MRR and Hits of
     the realistic (mean) rank differ from those expectations when there are ties; MR is the same."""
     o, p = np.asarray(optimistic, np.float64), np.asarray(pessimistic, np.float64)
-    out = {}
-    for kind, r in (("optimistic", o), ("pessimistic", p), ("realistic", (o + p) / 2)):
-        out[kind] = {"mr": r.mean(), "mrr": (1 / r).mean(), **{f"hits@{k}": (r <= k).mean() for k in KS}}
+    out = {kind: {"mr": r.mean(), "mrr": (1 / r).mean(), **{f"hits@{k}": (r <= k).mean() for k in KS}}
+           for kind, r in (("optimistic", o), ("pessimistic", p), ("realistic", (o + p) / 2))}
     n = p - o + 1  # the tied group's size
     out["expected"] = {"mr": ((o + p) / 2).mean(), "mrr": ((harmonic(p) - harmonic(o - 1)) / n).mean(),
                        **{f"hits@{k}": (np.clip(k - o + 1, 0, n) / n).mean() for k in KS}}
@@ -70,10 +67,8 @@ def lp_metrics(rows):
 
 
 def bootstrap_interval(rows, n_resamples=1000, seed=0):
-    """95% percentile-bootstrap interval of the filtered realistic MR, MRR and Hits@k over both sides, for an
-    estimate on sampled test triples: the triples are resampled with replacement (a triple's two sides stay
-    together, as they were sampled together), all resamples at once through one (n_resamples, n) index matrix.
-    rows as in lp_metrics -> {"mr": [lo, hi], "mrr": ..., "hits@k": ..., "resamples", "seed"}."""
+    """95% percentile-bootstrap interval of the filtered realistic MR, MRR, Hits@k of sampled test triples (rows as in
+    lp_metrics), resampled with replacement, both sides of a triple together -> {"mr": [lo, hi], ..., "seed"}."""
     r = (rows[:, 2] + rows[:, 3]) / 2  # realistic filtered rank
     triple, side_of = np.unique(rows[:, 0], return_inverse=True)
     per_triple = lambda v: np.bincount(side_of, weights=v, minlength=len(triple))  # sum over the triple's sides
@@ -85,26 +80,22 @@ def bootstrap_interval(rows, n_resamples=1000, seed=0):
 
 
 def best_threshold(scores, labels):
-    """(θ, accuracy) of the best rule "true iff score > θ" on (scores, labels), by exact search: the candidates
-    are -inf, the midpoints between consecutive distinct scores and +inf; after one sort, cumulative counts give
-    every candidate's accuracy in O(n). Of equally good thresholds the lowest is taken."""
+    """(θ, accuracy) of the best rule "true iff score > θ", by exact search over -inf, the midpoints between distinct
+    scores and +inf: after one sort, cumulative counts give every candidate's accuracy. Ties: the lowest θ."""
     scores, labels = np.asarray(scores, np.float64), np.asarray(labels, bool)
     v, inverse = np.unique(scores, return_inverse=True)  # sorted distinct scores
-    pos = np.bincount(inverse, weights=labels, minlength=len(v))
-    neg = np.bincount(inverse, weights=~labels, minlength=len(v))
+    pos, neg = (np.bincount(inverse, weights=w, minlength=len(v)) for w in (labels, ~labels))
     # candidate j (0..m) lies just below v[j]: negatives under it are right, positives from v[j] up are right
     correct = np.concatenate([[0], np.cumsum(neg)]) + labels.sum() - np.concatenate([[0], np.cumsum(pos)])
     j = int(np.argmax(correct))
     theta = -np.inf if j == 0 else np.inf if j == len(v) else (v[j - 1] + v[j]) / 2
     return float(theta), float(correct[j] / len(scores))
 
+
 # ----------------------------------------------------------------------------- scoring
-
-
 class Scorer:
-    """Scores (N, 3) triples with a PALT model: sorted by length, longest first, and cut into batches of rows of
-    (almost) equal length, at most `tokens` padded tokens each; inference mode, autocast in `dtype` (resolved
-    'fp32' or 'bf16'; the NSP head and the scores stay fp32). Called with (N, 3) triples -> (N,) fp32 scores."""
+    """(N, 3) triples -> (N,) fp32 scores of a PALT model, in batches of rows of (almost) equal length, longest first,
+    at most `tokens` padded tokens each; autocast in `dtype` ('fp32' or 'bf16'; the NSP head stays fp32)."""
 
     def __init__(self, model, enc, prompts, max_seq_length, device="cpu", dtype="fp32", tokens=None):
         self.model, self.enc, self.prompts, self.max_seq_length = model.eval(), enc, tuple(prompts), max_seq_length
@@ -112,70 +103,62 @@ class Scorer:
         self.tokens = tokens or (1 << 18 if self.device.type == "cuda" else 1 << 14)  # measured sweet spots
         self.n_tokens = self.n_padded = 0  # real and padded tokens scored: the padding overhead
 
-    def to_device(self, t):
-        # from pinned memory the copy is asynchronous: the CPU builds the next batch while the GPU runs this one
-        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
-
     @torch.inference_mode()
     def __call__(self, triples):
         triples = np.asarray(triples, np.int64).reshape(-1, 3)
         lengths = data.seq_lengths(self.enc, triples, self.prompts, self.max_seq_length)
         order = np.argsort(-lengths, kind="stable")
         descending = lengths[order]
-        ascending_neg = -descending  # for searchsorted
         out = torch.empty(len(triples), dtype=torch.float32, device=self.device)
+        # from pinned memory the copy is asynchronous: the CPU builds the next batch while the GPU runs this one
+        move = lambda t: t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
         i = 0
         while i < len(order):
             # a batch takes rows no shorter than 15/16 of its first (longest) row, up to the token budget
             w = int(descending[i])
-            end = min(i + max(1, self.tokens // w), int(np.searchsorted(ascending_neg, w // 16 - w, side="right")))
+            end = min(i + max(1, self.tokens // w), int(np.searchsorted(-descending, w // 16 - w, side="right")))
             idx = order[i:end]
-            batch = {k: self.to_device(v) for k, v in
-                     data.build_batch(self.enc, triples[idx], self.prompts, self.max_seq_length).items()}
+            batch = data.build_batch(self.enc, triples[idx], self.prompts, self.max_seq_length)
+            batch = {k: move(v) for k, v in batch.items()}
             with bert.autocast(self.dtype, self.device):
                 logits = self.model(**batch)
-            out[self.to_device(torch.from_numpy(idx))] = palt.score(logits)
-            self.n_tokens, self.n_padded = self.n_tokens + int(lengths[idx].sum()), self.n_padded + batch["input_ids"].numel()
+            out[move(torch.from_numpy(idx))] = palt.score(logits)
+            self.n_tokens += int(lengths[idx].sum())
+            self.n_padded += batch["input_ids"].numel()
             i += len(idx)
         return out
 
 
-def hms(seconds):
-    return f"{int(seconds) // 3600}:{int(seconds) // 60 % 60:02d}:{int(seconds) % 60:02d}"
-
-
 class Progress:
-    """done/total, rate and ETA on stderr, a line a minute (the first after `first` s of measured work); `whole`
-    (units of the whole split) adds, once, what the whole split would take here."""
+    """done/total, rate and ETA on stderr, a line a minute; `whole` (units in the whole split) adds its time, once."""
 
     def __init__(self, total, unit, enabled=True, whole=None, first=15):
-        self.total, self.unit, self.enabled, self.whole, self.done, self.t0 = total, unit, enabled, whole, 0, time.time()
+        self.total, self.unit, self.enabled, self.whole, self.done = total, unit, enabled, whole, 0
+        self.t0 = time.time()
         self.shown, self.printed = self.t0 - 60 + first, -1
 
     def update(self, n, force=False):
         self.done, now = self.done + n, time.time()
         if self.enabled and (force and self.printed != self.done or now - self.shown > 60):
             rate = self.done / max(now - self.t0, 1e-9)
-            whole = f"; the whole split ({self.whole:,}) would take {hms(self.whole / rate)} here" if self.whole and rate else ""
+            hms = lambda s: f"{int(s) // 3600}:{int(s) // 60 % 60:02d}:{int(s) % 60:02d}"
             speed = f"{rate:,.1f}/s" if rate >= 1 else f"{1 / rate:,.1f} s each" if rate else "?/s"
-            print(f"{self.done:,}/{self.total:,} {self.unit} ({speed}, ETA "
-                  f"{hms((self.total - self.done) / rate) if rate else '?'}{whole})", file=sys.stderr, flush=True)
+            eta = hms((self.total - self.done) / rate) if rate else "?"
+            whole = (f"; the whole split ({self.whole:,}) would take {hms(self.whole / rate)} here"
+                     if self.whole and rate else "")
+            print(f"{self.done:,}/{self.total:,} {self.unit} ({speed}, ETA {eta}{whole})", file=sys.stderr, flush=True)
             self.shown, self.whole, self.printed = now, None, self.done
 
+
 # ----------------------------------------------------------------------------- link prediction
-
-
 def rank_queries(score, lpq, tri, queries, block):
-    """Rank the test triples `tri` (indices into lpq.triple_query) for the given queries, `block` queries at a
-    time: each query's candidate triples are scored once, into a (block, C) tensor shared by every test triple
-    that asks the query. Yields per block (its queries, rows (n, 6): test triple, side, filtered
-    optimistic/pessimistic, raw optimistic/pessimistic)."""
+    """Rank the test triples `tri` for these queries, `block` at a time: a query's candidates are scored once, into
+    a (block, C) tensor shared by every test triple that asks it. Yields (its queries, rows as in lp_metrics)."""
     pair_tri, pair_side = np.repeat(tri, 2), np.tile([0, 1], len(tri))
     pair_query, pair_target = lpq.triple_query[pair_tri, pair_side], lpq.target[pair_tri, pair_side]
     cand, row_of = lpq.candidates, np.full(len(lpq.queries), -1)
     # a first block of 1/16 the size: the progress line's rate and ETA come from a measurement within a minute
-    first = min(len(queries), max(1, block // 16))
-    bounds = [0, *range(first, len(queries), block), len(queries)]
+    bounds = [0, *range(min(len(queries), max(1, block // 16)), len(queries), block), len(queries)]
     for start, end in zip(bounds[:-1], bounds[1:]):
         qs = queries[start:end]
         side, r, e = (np.broadcast_to(x[:, None], (len(qs), len(cand))) for x in lpq.queries[qs].T)
@@ -196,8 +179,7 @@ def rank_queries(score, lpq, tri, queries, block):
         row_of[qs] = -1
         target = torch.from_numpy(pair_target[sel]).to(scores.device)
         filtered = query_ranks(scores, row, target, known.to(scores.device))
-        raw = query_ranks(scores, row, target)
-        ranks = torch.stack([*filtered, *raw], 1).cpu().numpy()
+        ranks = torch.stack([*filtered, *query_ranks(scores, row, target)], 1).cpu().numpy()  # then the raw ones
         yield qs, np.concatenate([np.stack([pair_tri[sel], pair_side[sel]], 1), ranks], 1)
 
 
@@ -206,8 +188,9 @@ def read_rows(path, n_triples):
     try:
         with np.load(path, allow_pickle=False) as z:
             rows = z["rows"]
-        if rows.ndim != 2 or rows.shape[1] != 6 or rows.dtype.kind not in "iu" or len(rows) and not (
-                0 <= rows[:, 0].min() and rows[:, 0].max() < n_triples and set(rows[:, 1]) <= {0, 1} and rows[:, 2:].min() >= 1):
+        shape_ok = rows.ndim == 2 and rows.shape[1] == 6 and rows.dtype.kind in "iu"
+        if not shape_ok or len(rows) and not (0 <= rows[:, 0].min() and rows[:, 0].max() < n_triples
+                                              and set(rows[:, 1]) <= {0, 1} and rows[:, 2:].min() >= 1):
             raise ValueError(f"rows of shape {rows.shape} and dtype {rows.dtype} that are not ranks of the test set")
     except Exception as e:  # truncated, not a zip, other arrays; numpy's words about pickles invite unsafe loading
         why = "pickled objects, which are never loaded" if "pickle" in str(e) else f"{type(e).__name__}: {e}"
@@ -217,18 +200,18 @@ def read_rows(path, n_triples):
 
 
 class State:
-    """The ranks finished so far, in a folder: settings.json (what they were ranked with: a rerun with other
-    settings refuses rather than mix) and one rows .npz per rank, replaced atomically, so that a run killed at
-    any point restarts from its last save. `prior`: what every rank of earlier runs saved."""
+    """The ranks finished so far, in a folder: settings.json (a rerun with other settings refuses rather than mix) and
+    one rows .npz per rank, replaced atomically: a killed run restarts from its last save. `prior`: all ranks' saves."""
 
-    def __init__(self, folder, settings, rank, n_triples):
+    def __init__(self, folder, settings, rank, T):
         self.folder, self.path = Path(folder), Path(folder) / f"rank{rank}.npz"
         saved = self.folder / "settings.json"
         if saved.exists():
             try:
                 was = json.loads(saved.read_text())
             except (OSError, ValueError) as e:
-                raise SystemExit(f"error: {saved}: damaged ranking state ({e}); delete {self.folder} to start over") from None
+                raise SystemExit(f"error: {saved}: damaged ranking state ({e}); delete {self.folder} "
+                                 "to start over") from None
             for k, v in settings.items():
                 if was.get(k) != v:
                     raise SystemExit(f"error: {self.folder} holds ranks made with {k} {was.get(k)}, not {v}: "
@@ -236,14 +219,12 @@ class State:
         elif rank == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
             files.write_atomic(saved, lambda f: f.write(json.dumps(settings, indent=1).encode()))
-        self.prior = np.concatenate([np.zeros((0, 6), np.int64)] +
-                                    [read_rows(f, n_triples) for f in sorted(self.folder.glob("rank*.npz"))])
-        self.new, self.old = [], [read_rows(self.path, n_triples)] if self.path.exists() else []
+        self.prior = np.concatenate([NO_ROWS, *(read_rows(f, T) for f in sorted(self.folder.glob("rank*.npz")))])
+        self.new, self.old = [], [read_rows(self.path, T)] if self.path.exists() else []
 
     def save(self):
-        rows = np.concatenate(self.old + self.new or [np.zeros((0, 6), np.int64)])
         try:
-            files.write_atomic(self.path, lambda f: np.savez(f, rows=rows))
+            files.write_atomic(self.path, lambda f: np.savez(f, rows=np.concatenate([NO_ROWS, *self.old, *self.new])))
         except OSError as e:
             raise SystemExit(f"error: cannot save the ranking state {self.path} ({e.strerror or e}); the previous "
                              f"save is kept: make room, and the same command resumes from {self.folder}") from None
@@ -258,111 +239,100 @@ def select(T, limit, seed, ordered=False):
     return first if ordered else np.sort(first)
 
 
-def rank_split(scorer, kg, split, limit=None, seed=0, sample=None):
-    """Filtered realistic mr, mrr, hits@k over both sides of a split (or a seeded random `limit` of its triples),
-    in one process: for train.py's dev report. sample: rank against a seeded sample of that many entities, plus
-    the triples' own heads and tails, not against all: a cheap signal on big graphs, not comparable to full ranks."""
+def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
+    """Filtered realistic mr, mrr, hits@k of a split (or a seeded `limit` of its triples) in one process, for train.py's
+    dev report. sample: rank against that many seeded entities plus the triples' own, not all: cheap, not comparable.
+    near (E, n): the entities nearest each query's entity join the sample: the hard candidates a random one misses."""
     lpq = data.lp_queries(kg, split)
     tri = select(len(lpq.target), limit, seed)
     if sample and sample < len(lpq.candidates):
         rng, answers = np.random.default_rng(seed), getattr(kg, split)[tri][:, [0, 2]]
-        lpq = data.lp_queries(kg, split, np.union1d(rng.choice(lpq.candidates, sample, replace=False), answers))
+        hard = near[answers].ravel() if near is not None else answers  # a query's entity is the other side's answer
+        picked = np.union1d(rng.choice(lpq.candidates, sample, replace=False), np.union1d(answers, hard))
+        lpq = data.lp_queries(kg, split, picked)
     block = max(1, (1 << 16) // len(lpq.candidates))
     rows = [r for _, r in rank_queries(scorer, lpq, tri, np.unique(lpq.triple_query[tri]), block)]
     return lp_metrics(np.concatenate(rows))["filtered"]["both"]["realistic"] | {"candidates": len(lpq.candidates)}
 
 
 def link_prediction(run, scorer, kg, info, state_dir, rank, world):
-    """Filtered ranks of every (or --limit seeded random) test triple, as head and as tail; sharded, resumable.
-    A query, once scored, ranks every test triple that asks it, and the state keeps them all: a rerun with a
-    larger --limit (same seed) scores only the queries it has not seen."""
+    """Filtered ranks of every (or --limit seeded random) test triple, as head and as tail; sharded, resumable. The
+    state keeps every test triple a scored query ranks: a larger --limit (same seed) scores only unseen queries."""
     lpq = data.lp_queries(kg, run.split, run.candidates)
     T, C = len(lpq.target), len(lpq.candidates)
     first = select(T, run.limit, run.seed, ordered=True)
-    tri = np.sort(first)
+    tri, estimate = np.sort(first), len(first) < T
     # queries in the order the permutation first asks them: a ranking stopped anywhere has ranked whole triples at
     # the subset's start, so a smaller --limit answers from its state at once
     asked = lpq.triple_query[first].ravel()
     needed = asked[np.sort(np.unique(asked, return_index=True)[1])]
     mine = needed[rank::world]  # round robin: every rank gets head and tail queries alike
-    settings = dict(checkpoint_sha256=info["identity"], data=kg.name, data_fingerprint=kg.fingerprint, text=info["text"],
-                    prompts=info["prompts"], max_seq_length=info["max_seq_length"], split=run.split,
+    settings = dict(checkpoint_sha256=info["identity"], data=kg.name, data_fingerprint=kg.fingerprint,
+                    text=info["text"], prompts=info["prompts"], max_seq_length=info["max_seq_length"], split=run.split,
                     candidates=run.candidates, seed=run.seed, dtype=scorer.dtype)
     state = State(state_dir, settings, rank, T)
     if dist.is_initialized():
         dist.barrier()  # every rank has read the old state before any rank writes
-    done = np.zeros(len(lpq.queries), bool)
-    done[lpq.triple_query[state.prior[:, 0], state.prior[:, 1]]] = True
-    todo = mine[~done[mine]]  # only these are scored: a block of saved and new queries would score the saved again
+    ranked = lpq.triple_query[state.prior[:, 0], state.prior[:, 1]]  # the queries of the saved ranks
+    todo = mine[~np.isin(mine, ranked)]  # only these: a block of saved and new queries would score the saved again
+    resumed = int(np.isin(needed, ranked).sum())
+    fresh = len(needed) - resumed  # a resumed ranking scores only the queries not yet saved
     if rank == 0:  # the cost, before any of it is spent
-        fresh = len(needed) - int(done[needed].sum())  # a resumed ranking scores only the queries not yet saved
-        print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries, {len(needed) - fresh:,} "
-              f"ranked before (in {state.folder}): {fresh:,} x {C:,} candidates = {fresh * C:,} pairs to score",
+        print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries, {resumed:,} ranked "
+              f"before (in {state.folder}): {fresh:,} x {C:,} candidates = {fresh * C:,} pairs to score",
               file=sys.stderr)
-    whole = -(-len(np.unique(lpq.triple_query)) // world) if len(tri) < T else None  # per rank, as the rate is
+    whole = -(-len(np.unique(lpq.triple_query)) // world) if estimate else None  # per rank, as the rate is
     progress = Progress(len(todo), "queries" + (f" on rank 0 of {world}" if world > 1 else ""), rank == 0, whole)
-    saved, n_done = time.time(), 0
+    saved = time.time()
     for qs, rows in rank_queries(scorer, lpq, np.arange(T), todo, max(1, run.block_rows // C)):
         state.new.append(rows)
-        n_done += len(qs)
         progress.update(len(qs))
-        stop = run.stop_after_queries is not None and n_done >= run.stop_after_queries
+        stop = run.stop_after_queries is not None and progress.done >= run.stop_after_queries
         if stop or time.time() - saved >= run.save_every:
             state.save()
             saved = time.time()
         if stop:
-            raise SystemExit(f"stopped after {n_done} queries; the same command resumes from {state.folder}")
+            raise SystemExit(f"stopped after {progress.done} queries; the same command resumes from {state.folder}")
     state.save()
     progress.update(0, force=True)
-    new = np.concatenate(state.new or [np.zeros((0, 6), np.int64)])
-    mine_rows = np.concatenate([state.prior, new]) if rank == 0 else new  # rank 0 brings what earlier runs saved
+    mine_rows = np.concatenate([state.prior if rank == 0 else NO_ROWS, *state.new])  # rank 0 brings earlier runs' ranks
     rows = gather_rows(torch.from_numpy(mine_rows).to(scorer.device)).cpu().numpy()
-    _, first = np.unique(rows[:, 0] * 2 + rows[:, 1], return_index=True)
-    rows = rows[first]
+    rows = rows[np.unique(rows[:, 0] * 2 + rows[:, 1], return_index=True)[1]]  # one row per triple and side
     rows = rows[np.isin(rows[:, 0], tri)]  # the state may hold more triples than this --limit asks for
     if len(rows) != 2 * len(tri):
         raise SystemExit(f"error: {len(rows)} of {2 * len(tri)} ranks found; remove {state.folder} and run again")
-    estimate = len(tri) < T
     counts = dict(test_triples=T, ranked_triples=len(tri), queries=len(needed), candidates=C,
-                  resumed_queries=int(done[needed].sum()), scored_triples=int((~done[needed]).sum()) * C)  # by this run
+                  resumed_queries=resumed, scored_triples=fresh * C)  # scored_triples: by this run
     metrics = lp_metrics(rows) | {"interval95": bootstrap_interval(rows, seed=run.seed) if estimate else None}
-    # the state is removed by the caller once the results are written: a failed write loses nothing
-    return dict(task="lp", split=run.split, estimate=estimate, counts=counts, metrics=metrics,
-                note=f"estimate ({len(tri)} of {T} test triples)" if estimate else f"all {T} test triples"), state
+    note = f"estimate ({len(tri)} of {T} test triples)" if estimate else f"all {T} test triples"
+    return dict(task="lp", split=run.split, estimate=estimate, counts=counts, metrics=metrics, note=note), state
 
 
 def print_lp(result, raw):
+    """Prints the metrics; returns the summary row's MR, MRR and Hits@k (an estimate's with their 95% interval)."""
     c, m = result["counts"], result["metrics"]
-    print(f"{result['data']} {result['split']}: {result['note']}, {c['candidates']:,} candidates, "
-          f"{c['queries']:,} queries ({c['resumed_queries']:,} resumed), {c['scored_triples']:,} triples scored", end="")
     pad = result["settings"]["padded_per_real_token"]  # None when every query came from the saved state
-    print(f" ({pad:.2f} padded tokens per real one)" if pad is not None else " (all ranks resumed)")
+    print(f"{result['data']} {result['split']}: {result['note']}, {c['candidates']:,} candidates, {c['queries']:,} "
+          f"queries ({c['resumed_queries']:,} resumed), {c['scored_triples']:,} triples scored"
+          + (f" ({pad:.2f} padded tokens per real one)" if pad is not None else " (all ranks resumed)"))
     for setting in ("filtered", "raw") if raw else ("filtered",):
         print(f"{setting + ', realistic ranks':26} {'MR':>8} {'MRR':>7} " + " ".join(f"{f'H@{k}':>7}" for k in KS))
         for side in ("head", "tail", "both"):
             r = m[setting][side]["realistic"]
             print(f"  {side:24} {r['mr']:8.2f} {r['mrr']:7.4f} " + " ".join(f"{r[f'hits@{k}']:7.4f}" for k in KS))
-    b = m["filtered"]["both"]
+    b, r, ci = m["filtered"]["both"], m["filtered"]["both"]["realistic"], m["interval95"]
     print("ties: MRR optimistic {:.4f}, realistic {:.4f}, pessimistic {:.4f}, expected {:.4f}".format(
         *(b[k]["mrr"] for k in ("optimistic", "realistic", "pessimistic", "expected"))))
-    ci = m["interval95"]
+    shown = lambda key, fmt=".4f": f"{r[key]:{fmt}}" + (f" [{ci[key][0]:{fmt}}, {ci[key][1]:{fmt}}]" if ci else "")
     if ci:
-        r = b["realistic"]
-        print(f"95% interval, filtered realistic, both sides (bootstrap over the {c['ranked_triples']:,} sampled triples, "
-              f"{ci['resamples']:,} resamples, seed {ci['seed']}):")
-        print("  " + "  ".join(f"{name} {with_interval(r, ci, key, '.2f' if key == 'mr' else '.4f')}"
+        print(f"95% interval, filtered realistic, both sides (bootstrap over the {c['ranked_triples']:,} sampled "
+              f"triples, {ci['resamples']:,} resamples, seed {ci['seed']}):")
+        print("  " + "  ".join(f"{name} {shown(key, '.2f' if key == 'mr' else '.4f')}"
                                for name, key in [("MR", "mr"), ("MRR", "mrr")] + [(f"H@{k}", f"hits@{k}") for k in KS]))
-
-
-def with_interval(values, interval, key, fmt=".4f"):
-    """'0.8520 [0.8301, 0.8712]', or the bare value without an interval."""
-    lo_hi = f" [{interval[key][0]:{fmt}}, {interval[key][1]:{fmt}}]" if interval else ""
-    return f"{values[key]:{fmt}}" + lo_hi
+    return [f"{r['mr']:.2f}"] + [shown(key) for key in ["mrr"] + [f"hits@{k}" for k in KS]]
 
 
 # ----------------------------------------------------------------------------- triple classification
-
-
 def score_all(scorer, triples, block_rows, rank, world, progress):
     """Scores (N,) float64 of all triples; each rank scores every world-th one, then all are gathered."""
     idx = np.arange(len(triples))[rank::world]
@@ -372,23 +342,20 @@ def score_all(scorer, triples, block_rows, rank, world, progress):
         progress.update(len(parts[-1]))
     s = torch.cat(parts).double()
     both = gather_rows(torch.stack([torch.from_numpy(idx).to(s), s], 1)).cpu().numpy()
-    out = np.empty(len(triples))
-    out[both[:, 0].astype(np.int64)] = both[:, 1]
-    return out
+    return both[np.argsort(both[:, 0]), 1]  # in the triples' order
 
 
 def triple_classification(run, scorer, kg, rank, world):
-    """Test accuracy with one threshold tuned on dev (or one per relation, falling back to the global one for
-    relations without dev triples), and the per-relation error rates of the test set."""
+    """Accuracy at a threshold tuned on dev (--per-relation: one per relation, else the global one); test errors."""
     progress = Progress(len(kg.dev[rank::world]) + len(kg.test[rank::world]), "triples", enabled=rank == 0)
-    s = {split: score_all(scorer, getattr(kg, split), run.block_rows, rank, world, progress) for split in ("dev", "test")}
+    s = {split: score_all(scorer, getattr(kg, split), run.block_rows, rank, world, progress)
+         for split in ("dev", "test")}
     progress.update(0, force=True)
     theta, _ = best_threshold(s["dev"], kg.dev_labels)
-    thresholds = np.full(len(kg.relations), theta)
-    if run.per_relation:
-        for r in np.unique(kg.dev[:, 1]):
-            m = kg.dev[:, 1] == r
-            thresholds[r] = best_threshold(s["dev"][m], kg.dev_labels[m])[0]
+    by_relation = {r: best_threshold(s["dev"][kg.dev[:, 1] == r], kg.dev_labels[kg.dev[:, 1] == r])[0]
+                   for r in np.unique(kg.dev[:, 1])} if run.per_relation else {}
+    thresholds = np.full(len(kg.relations), theta)  # the global one where a relation has no dev triples
+    thresholds[list(by_relation)] = list(by_relation.values())
     right = {split: (s[split] > thresholds[getattr(kg, split)[:, 1]]) == getattr(kg, f"{split}_labels")
              for split in ("dev", "test")}
     rel = kg.test[:, 1]
@@ -398,12 +365,12 @@ def triple_classification(run, scorer, kg, rank, world):
     return dict(task="tc", estimate=False, counts=dict(dev=len(kg.dev), test=len(kg.test)),
                 metrics=dict(dev_accuracy=float(right["dev"].mean()), test_accuracy=float(right["test"].mean()),
                              threshold=jsonable(theta), per_relation_thresholds=run.per_relation,
-                             relation_thresholds={kg.relations[r]: jsonable(float(thresholds[r]))
-                                                  for r in np.unique(kg.dev[:, 1])} if run.per_relation else None,
+                             relation_thresholds={kg.relations[r]: jsonable(t) for r, t in by_relation.items()} or None,
                              test_error_by_relation=table)), None
 
 
 def print_tc(result):
+    """Prints the accuracies and the test errors by relation; returns the summary row's two accuracies."""
     m = result["metrics"]
     how = "one threshold per relation" if m["per_relation_thresholds"] else f"threshold {m['threshold']}"
     print(f"{result['data']}: dev accuracy {m['dev_accuracy']:.4f}, test accuracy {m['test_accuracy']:.4f} "
@@ -411,13 +378,12 @@ def print_tc(result):
     print("| relation | n | error % |\n|---|---|---|")
     for row in m["test_error_by_relation"]:
         print(f"| {row['relation']} | {row['n']} | {100 * row['error']:.1f} |")
+    return [f"{m['dev_accuracy']:.4f}", f"{m['test_accuracy']:.4f}"]
+
 
 # ----------------------------------------------------------------------------- predict
-
-
 def find(ids, texts, query, what):
-    """Index of the entity/relation with this id, else this text (any case), else the one id or text ending in it;
-    not found: the nearest names are suggested."""
+    """Index of the entity/relation with this id, else this text (any case), else the one id or text ending in it."""
     q = query.lower()
     for match in (lambda i, t: i == query, lambda i, t: t.lower() == q,
                   lambda i, t: t.lower().endswith(" " + q) or i.lower().endswith("/" + q)):
@@ -425,8 +391,8 @@ def find(ids, texts, query, what):
         if len(hits) == 1:
             return hits[0]
         if hits:
-            shown = ", ".join(f"{ids[k]} ({texts[k]})" for k in hits[:5])
-            raise SystemExit(f"error: {what} {query!r} is ambiguous: {shown}{' ...' if len(hits) > 5 else ''}; give the id")
+            shown = ", ".join(f"{ids[k]} ({texts[k]})" for k in hits[:5]) + (" ..." if len(hits) > 5 else "")
+            raise SystemExit(f"error: {what} {query!r} is ambiguous: {shown}; give the id")
     near = difflib.get_close_matches(q, [t.lower() for t in texts], n=3, cutoff=0.6)
     new = ", or text:... for an entity that is not in the graph" if what == "entity" else ""
     raise SystemExit(f"error: no {what} {query!r} (by id or text)" + (
@@ -442,30 +408,22 @@ def parse_query(parts, where):
     raise ValueError(f"{where}: expected HEAD RELATION, HEAD RELATION ? or ? RELATION TAIL, got {' '.join(parts)!r}")
 
 
-def read_queries(path):
-    """The queries of a file, one a line (tab-separated as parse_query reads them), with one-line errors."""
-    raw = Path(files.readable(path, data.DataError)).read_bytes()
-    try:
-        lines = raw.decode("utf-8-sig").splitlines()
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise SystemExit(f"error: {path}:{line}: not UTF-8") from None
-    try:
-        queries = [parse_query([p.strip() for p in line.split("\t")], f"{path}:{i + 1}") for i, line in enumerate(lines)
-                   if line.strip()]
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
-    if not queries:
-        raise SystemExit(f"error: {path}:1: no queries")
-    return queries
-
-
 def predict(run, scorer, kg, tokenizer):
-    """The top-k completions of each query (E, r, ?) or (?, r, E), with their scores. An entity given as text:...
-    need not be in the graph: the cross-encoder reads its text and scores it against the graph's entities."""
-    queries = read_queries(run.queries) if run.queries else [parse_query(run.query, "--predict")]
-    E, new = len(kg.entities), []
-    resolved = []
+    """The top-k completions of each query (E, r, ?) or (?, r, E); a text:... entity need not be in the graph."""
+    queries = [parse_query(run.query, "--predict")] if run.query else []
+    if run.queries:  # one a line, tab-separated as on the command line
+        raw = Path(files.readable(run.queries, data.DataError)).read_bytes()
+        try:
+            queries = [parse_query([p.strip() for p in line.split("\t")], f"{run.queries}:{i + 1}")
+                       for i, line in enumerate(raw.decode("utf-8-sig").splitlines()) if line.strip()]
+        except UnicodeDecodeError as e:
+            line = raw[:e.start].count(b"\n") + 1
+            raise SystemExit(f"error: {run.queries}:{line}: not UTF-8") from None
+        except ValueError as e:  # a line that is no query
+            raise SystemExit(f"error: {e}") from None
+        if not queries:
+            raise SystemExit(f"error: {run.queries}:1: no queries")
+    E, new, resolved = len(kg.entities), [], []
     for e, r, side in queries:
         if e.startswith("text:"):
             new.append(e[5:].strip())
@@ -486,32 +444,29 @@ def predict(run, scorer, kg, tokenizer):
         known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact
         q = f"({text(e)}, {kg.rel_text[r]}, ?)" if side else f"(?, {kg.rel_text[r]}, {text(e)})"
         print(f"{q} over {len(cand):,} candidates; score = NSP logit margin; * = a known fact (train/dev/test)")
-        for rank, i in enumerate(top, 1):
-            print(f"{rank:4} {s[i]:9.4f} {'*' if known[rank - 1] else ' '} {kg.entities[cand[i]]:24} {kg.ent_text[cand[i]]}")
-            rows.append(f"{q}\t{rank}\t{kg.entities[cand[i]]}\t{kg.ent_text[cand[i]]}\t{s[i]:.6f}\t{int(known[rank - 1])}")
+        for rank, (c, score, k) in enumerate(zip(cand[top], s[top], known), 1):
+            print(f"{rank:4} {score:9.4f} {'*' if k else ' '} {kg.entities[c]:24} {kg.ent_text[c]}")
+            rows.append(f"{q}\t{rank}\t{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
     if run.out:
         files.write_atomic(run.out, lambda f: f.write(("\n".join(rows) + "\n").encode()))
         print(f"wrote {run.out} ({len(rows) - 1} rows)")
 
+
 # ----------------------------------------------------------------------------- command line
-
-
 def gather_rows(x):
     """Every rank's (n_r, ...) tensor concatenated in rank order, n_r may differ: all_gather of padded tensors."""
     if not dist.is_initialized():
         return x
     sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, torch.tensor([len(x)], device=x.device))
-    padded = x.new_zeros((max(1, int(max(sizes))), *x.shape[1:]))
-    padded[:len(x)] = x
+    padded = torch.cat([x, x.new_zeros((max(1, int(max(sizes))) - len(x), *x.shape[1:]))])  # all of one length
     parts = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(parts, padded)
     return torch.cat([p[:int(n)] for p, n in zip(parts, sizes)])
 
 
 def checkpoint_file(path):
-    """--ckpt: a checkpoint file, or a run folder of train.py: its best.safetensors (best on dev), else its
-    ckpt.safetensors (the last epoch)."""
+    """--ckpt: a checkpoint file, or a run folder of train.py: its best.safetensors (best on dev), else its ckpt."""
     p = Path(path)
     if p.is_dir():
         found = [p / name for name in ("best.safetensors", "ckpt.safetensors") if (p / name).is_file()]
@@ -525,18 +480,18 @@ def checkpoint_file(path):
 
 
 def resolve_source(run):
-    """(run with its checkpoint file and dataset filled in, the checkpoint's metadata, or None for zero-shot).
-    Reads only the checkpoint's metadata, so that every mistake in the command line surfaces before the model
-    loads. No --ckpt and no --model: the adapter shipped in weights/ for the dataset."""
+    """Fills in run.ckpt (no --ckpt and no --model: the adapter shipped for the dataset) and run.data from the
+    checkpoint's metadata alone (returned; None: zero-shot): command-line mistakes surface before the model loads."""
     if run.model:
-        return replace(run, data=run.data or DEFAULT_DATA[run.task]), None
+        run.data = run.data or DEFAULT_DATA[run.task]
+        return None
     if run.ckpt:
         ckpt = checkpoint_file(run.ckpt)
     else:
         if run.data and run.data.lower() not in data.DATASETS:
             raise SystemExit(f"error: --data {run.data}: adapters are shipped for the benchmarks only; give --ckpt")
         name = data.dataset(run.data or DEFAULT_DATA[run.task])[0]
-        ckpt = files.ROOT / "weights" / f"palt-{name}-minilm.safetensors"  # part of the project, whatever PALT_WEIGHTS says
+        ckpt = files.ROOT / "weights" / f"palt-{name}-minilm.safetensors"  # the project's, whatever PALT_WEIGHTS says
         if not ckpt.is_file():
             raise SystemExit(f"error: no shipped adapter {ckpt}: train one with python train.py --data {name}, "
                              f"then --ckpt runs/{name}-minilm")
@@ -546,13 +501,13 @@ def resolve_source(run):
         raise SystemExit(f"error: {ckpt} was trained on {meta['data']}, not {run.data}")
     if run.text not in (None, meta["text"]):
         raise SystemExit(f"error: {ckpt} was trained with --text {meta['text']}, not {run.text}")
-    return replace(run, ckpt=str(ckpt), data=run.data or meta["data"]), meta
+    run.ckpt, run.data = str(ckpt), run.data or meta["data"]
+    return meta
 
 
 def results_path(run, shipped):
-    """(results JSON, ranking state folder): --out and its .state; else beside the checkpoint
-    (runs/NAME/eval-umls-lp-test.json), else in results/. The default state's name leaves --limit out: a rerun
-    with a larger --limit and the same seed finds it and grows the estimate."""
+    """(results JSON, ranking state folder): --out and its .state; else beside the checkpoint, else in results/. The
+    state's name leaves --limit out: a rerun with a larger --limit and the same seed finds it and grows the estimate."""
     if run.out:
         return Path(run.out), Path(run.out).with_suffix(".state")
     name, ckpt = data.dataset(run.data, run.data_dir)[0], Path(run.ckpt or "")
@@ -565,8 +520,7 @@ def results_path(run, shipped):
 
 
 def train_summary(meta):
-    """How a checkpoint was trained, from train.py's record (None for what older checkpoints lack): enough to
-    rerun it (`recipe` holds every train.py setting) and to tell its row from another's."""
+    """How a checkpoint was trained (None where older ones lack it): enough to rerun it (`recipe`) and tell it apart."""
     if meta is None:
         return None
     run, arch = json.loads(meta.get("run", "{}")), meta.get("palt", {})
@@ -574,8 +528,7 @@ def train_summary(meta):
         if isinstance(run.get(k), str) and os.path.isabs(run[k]):
             run[k] = files.project_path(run[k])
     return {"method": "finetune" if arch.get("finetune") else "palt", "model": meta.get("model"),
-            "prompts": arch.get("prompts"), "calib_layers": arch.get("calib_layers"),
-            "prompt_encoder": arch.get("prompt_encoder"), "prompt_mlp": arch.get("prompt_mlp"),
+            **{k: arch.get(k) for k in ("prompts", "calib_layers", "prompt_encoder", "prompt_mlp")},
             **{k: run.get(k) for k in ("lr", "batch", "negatives", "seed")},
             "epochs": meta.get("epoch"), "epochs_scheduled": run.get("epochs"), "steps": meta.get("step"),
             "dtype": meta.get("dtype"), "wall_s": meta.get("train_wall_s"), "tunable": meta.get("tunable"),
@@ -583,48 +536,21 @@ def train_summary(meta):
 
 
 def load_model(run, device):
-    """(PALT model, tokenizer, info): from a checkpoint, or zero-shot from a base model with a pretrained NSP head."""
+    """(PALT model, tokenizer, info): from the checkpoint, or zero-shot from a base model with a pretrained NSP head."""
     if run.ckpt:
         model, meta, loaded = palt.load_checkpoint(run.ckpt)
-        info = dict(model=meta["model"], ckpt=files.project_path(run.ckpt), weights_sha256=meta.get("weights_sha256"),
-                    text=meta["text"], prompts=[int(p) for p in meta["prompts"]],
-                    max_seq_length=run.max_seq_length or int(meta["max_seq_length"]),
-                    data_fingerprint=meta.get("data_fingerprint"),
-                    identity=files.sha256_file(run.ckpt))  # resume key: these very tensors, on any machine
+        identity = files.sha256_file(run.ckpt)  # the resume key: these very tensors, on any machine
     else:
         model, loaded = palt.build_palt(run.model, palt.PaltConfig(**ZERO_SHOT))
         if loaded.new_heads:
-            raise SystemExit(f"error: {run.model} has no pretrained NSP head, so zero-shot scores would be random; give --ckpt")
-        info = dict(model=run.model, ckpt=None, weights_sha256=loaded.weights_sha256, text=run.text or "name",
-                    prompts=[0, 0, 0], max_seq_length=run.max_seq_length or 192, data_fingerprint=None,
-                    identity=loaded.weights_sha256)
+            raise SystemExit(f"error: {run.model} has no pretrained NSP head, so zero-shot scores would be random; "
+                             "give --ckpt")
+        identity = loaded.weights_sha256
+        meta = dict(model=run.model, text=run.text or "name", prompts=[0, 0, 0], max_seq_length=192)
+    info = dict(model=meta["model"], ckpt=run.ckpt and files.project_path(run.ckpt), identity=identity,
+                weights_sha256=loaded.weights_sha256, text=meta["text"], prompts=[int(p) for p in meta["prompts"]],
+                max_seq_length=run.max_seq_length or int(meta["max_seq_length"]))
     return model.to(device).eval(), loaded.tokenizer, info
-
-
-@dataclass(frozen=True)
-class Run:
-    task: str  # 'lp' | 'tc' | 'predict'
-    query: list  # --predict: HEAD RELATION [?], or ? RELATION TAIL
-    data: str | None  # None: the checkpoint's dataset, else DEFAULT_DATA[task]
-    data_dir: str | None
-    ckpt: str | None  # None and no model: the shipped adapter
-    model: str | None
-    out: str | None
-    split: str
-    candidates: str
-    limit: int | None
-    seed: int
-    raw: bool
-    per_relation: bool
-    topk: int
-    queries: str | None  # --predict: a file of queries, one a line
-    tokens: int | None
-    block_rows: int
-    save_every: float
-    text: str | None
-    max_seq_length: int | None
-    dtype: str
-    stop_after_queries: int | None  # tests: stop (state saved) after this many queries, to check resuming
 
 
 def parse_args(argv=None):
@@ -633,25 +559,18 @@ def parse_args(argv=None):
     task = ap.add_mutually_exclusive_group(required=True)
     task.add_argument("--tc", dest="task", action="store_const", const="tc", help="triple classification")
     task.add_argument("--lp", dest="task", action="store_const", const="lp", help="filtered link prediction")
-    task.add_argument("--predict", dest="task", action="store_const", const="predict",
-                      help="top-k completions of HEAD RELATION (tails) or '?' RELATION TAIL (heads)")
-    ap.add_argument("query", nargs="*", metavar="QUERY", help="--predict: entities and relations by id or text; "
-                    "text:WORDS is an entity that need not be in the graph")
+    task.add_argument("--predict", dest="task", action="store_const", const="predict", help="top-k completions")
+    ap.add_argument("query", nargs="*", metavar="QUERY", help="HEAD RELATION or '?' RELATION TAIL (text:X: new entity)")
     ap.add_argument("--queries", help="--predict: a file of queries, one a line, tab-separated as QUERY")
-    ap.add_argument("--data", help=f"{', '.join(data.DATASETS)}, or the folder of a graph of one's own (default: the "
-                    "checkpoint's, else umls for --lp and --predict, wn11 for --tc)")
+    ap.add_argument("--data", help=f"{', '.join(data.DATASETS)}, or a graph's folder (default: the checkpoint's)")
     ap.add_argument("--data-dir", help="folder of the dataset folders (default $PALT_DATA, else ./data)")
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--ckpt", help="a checkpoint written by train.py, or its run folder (then best.safetensors, "
-                                    "else ckpt.safetensors); default: the adapter shipped in weights/ for --data")
+    src.add_argument("--ckpt", help="a train.py checkpoint or run folder (best, else ckpt); default: the shipped one")
     src.add_argument("--model", help="zero-shot: a base model with a pretrained NSP head (e.g. bert-base-uncased)")
-    ap.add_argument("--out", help="results JSON (default: beside the checkpoint, or results/); --predict: a TSV of "
-                    "the completions")
+    ap.add_argument("--out", help="results JSON (default: beside the checkpoint, or results/); --predict: a TSV")
     ap.add_argument("--split", default="test", choices=["test", "dev"], help="--lp: the split ranked")
-    ap.add_argument("--candidates", default="split", choices=["split", "all"],
-                    help="entities ranked: those in any split (standard), or every entity with text")
-    ap.add_argument("--limit", type=int, help="--lp: rank a seeded random subset of N test triples (an estimate, "
-                                              "with a 95%% bootstrap interval)")
+    ap.add_argument("--candidates", default="split", choices=["split", "all"], help="entities: in any split, or all")
+    ap.add_argument("--limit", type=int, help="--lp: a seeded random N test triples (an estimate, 95%% interval)")
     ap.add_argument("--seed", type=int, default=0, help="--limit: the subset and the bootstrap")
     ap.add_argument("--raw", action="store_true", help="--lp: print raw (unfiltered) ranks too (always in the JSON)")
     ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation")
@@ -659,37 +578,33 @@ def parse_args(argv=None):
     ap.add_argument("--tokens", type=int, help="padded tokens per batch (default 16384 on CPU, 262144 on GPU)")
     ap.add_argument("--block-rows", type=int, default=1 << 16, help="candidate triples scored per block of queries")
     ap.add_argument("--save-every", type=float, default=60, help="seconds between saves of finished queries")
-    ap.add_argument("--text", choices=data.TEXTS, help="zero-shot: entity texts (default name); a checkpoint has its own")
+    ap.add_argument("--text", choices=data.TEXTS, help="zero-shot: entity texts (default name)")
     ap.add_argument("--max-seq-length", type=int, help="default: the checkpoint's, else 192")
-    ap.add_argument("--dtype", choices=bert.DTYPES, default="auto",
-                    help="autocast precision: auto = bf16 on GPU and on CPUs with native bf16 (AVX512_BF16/AMX), else fp32")
-    ap.add_argument("--stop-after-queries", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", choices=bert.DTYPES, default="auto", help="autocast; auto: bf16 where native, else fp32")
+    ap.add_argument("--stop-after-queries", type=int, help=argparse.SUPPRESS)  # tests: stop (state saved), resume
     args = ap.parse_args(argv)
     if args.task == "predict" and bool(args.query) == bool(args.queries):
         ap.error("--predict needs one query (HEAD RELATION, or '?' RELATION TAIL) or --queries FILE")
     try:
         args.query and parse_query(args.query, "--predict")
-    except ValueError as e:
-        ap.error(str(e))
-    if args.task != "predict" and (args.query or args.queries):
-        ap.error(f"unexpected arguments {' '.join(args.query) or '--queries'} (only --predict takes queries)")
-    try:
+        if args.task != "predict" and (args.query or args.queries):
+            ap.error(f"unexpected arguments {' '.join(args.query) or '--queries'} (only --predict takes queries)")
         args.data = args.data and (args.data.lower() if args.data.lower() in data.DATASETS else args.data)
         args.data and data.dataset(args.data, args.data_dir)  # a benchmark, or a folder with train.tsv
-    except data.DataError as e:
+    except ValueError as e:  # a query that is none; a --data that is neither a benchmark nor a graph's folder
         ap.error(str(e))
-    palt.check_limits(ap, args, {**{k: (1, True) for k in ("limit", "topk", "tokens", "block_rows", "max_seq_length",
-                                                            "stop_after_queries")}, "seed": (0, True), "save_every": (0, False)})
-    return Run(**vars(args))
+    ints = ("limit", "topk", "tokens", "block_rows", "max_seq_length", "stop_after_queries")
+    palt.check_limits(ap, args, {**{k: (1, True) for k in ints}, "seed": (0, True), "save_every": (0, False)})
+    return args
 
 
 def main(argv=None):
     t0 = time.time()
     run = parse_args(argv)
+    shipped = run.ckpt is None and run.model is None
     try:
         # everything that can be checked without the model is checked first: a mistake costs seconds, not a load
-        shipped = run.ckpt is None and run.model is None
-        run, meta = resolve_source(run)
+        meta = resolve_source(run)
         if run.max_seq_length is not None:
             palt.check_seq_length(run.max_seq_length, sum(int(p) for p in meta["prompts"]) if meta else 0)
         kg = data.load_kg(run.data, run.data_dir, text=meta["text"] if meta else run.text or "name")
@@ -713,44 +628,34 @@ def main(argv=None):
             files.readable(run.queries, data.DataError)
         if out and run.task == "lp":  # the resumable ranking state
             files.check_writable(state_dir, f"{out}: its ranking state")
-    except (data.DataError, bert.CheckpointError) as e:
-        raise SystemExit(f"error: {e}")
-    rank, _, world, device, dtype = palt.init_distributed(run.dtype)
-    try:
+        rank, _, world, device, dtype = palt.init_distributed(run.dtype)
         model, tokenizer, info = load_model(run, device)
         palt.check_seq_length(info["max_seq_length"], sum(info["prompts"]), model.bert.config.max_position_embeddings,
                               info["model"])
-        enc = data.encode(kg, tokenizer)
-        scorer = Scorer(model, enc, info["prompts"], info["max_seq_length"], device, dtype, run.tokens)
+        scorer = Scorer(model, data.encode(kg, tokenizer), info["prompts"], info["max_seq_length"], device, dtype,
+                        run.tokens)
         if run.task == "predict":
             return predict(run, scorer, kg, tokenizer) if rank == 0 else None
         result, state = (link_prediction(run, scorer, kg, info, state_dir, rank, world) if run.task == "lp"
                          else triple_classification(run, scorer, kg, rank, world))
         if rank != 0:
             return
+        settings = dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"],
+                        max_seq_length=info["max_seq_length"], candidates=run.candidates, limit=run.limit,
+                        seed=run.seed, tokens=scorer.tokens, world_size=world, device=str(device), dtype=dtype,
+                        padded_per_real_token=round(scorer.n_padded / scorer.n_tokens, 4) if scorer.n_tokens else None)
         result = dict(data=kg.name, model=info["model"], ckpt=info["ckpt"], weights_sha256=info["weights_sha256"],
                       data_fingerprint=kg.fingerprint, **result, wall_s=round(time.time() - t0, 2),
-                      train=train_summary(meta),
-                      settings=dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"],
-                                    max_seq_length=info["max_seq_length"], candidates=run.candidates, limit=run.limit,
-                                    seed=run.seed, tokens=scorer.tokens, world_size=world, device=str(device), dtype=dtype,
-                                    padded_per_real_token=round(scorer.n_padded / scorer.n_tokens, 4)
-                                    if scorer.n_tokens else None))
+                      train=train_summary(meta), settings=settings)
         row = [kg.name + (" (estimate)" if result["estimate"] else ""), info["model"], info["ckpt"] or "zero-shot"]
-        if run.task == "lp":
-            print_lp(result, run.raw)  # printed before the JSON is written: a failed write still shows them
-            r, ci = result["metrics"]["filtered"]["both"]["realistic"], result["metrics"]["interval95"]
-            row += [f"{r['mr']:.2f}"] + [with_interval(r, ci, m) for m in ["mrr"] + [f"hits@{k}" for k in KS]]
-        else:
-            print_tc(result)
-            row += [f"{result['metrics']['dev_accuracy']:.4f}", f"{result['metrics']['test_accuracy']:.4f}"]
-        text = json.dumps(result, indent=1) + "\n"
+        row += print_lp(result, run.raw) if run.task == "lp" else print_tc(result)  # shown even if the write fails
         try:
-            files.write_atomic(out, lambda f: f.write(text.encode()))
+            files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
         except OSError as e:
             keep = (f"the ranks stay saved in {state.folder}: make room, and the same command writes the results "
                     "without scoring again") if state else "the metrics are printed above"
-            raise SystemExit(f"error: cannot write {out} ({e.strerror or e}); the previous file is kept, and {keep}") from None
+            raise SystemExit(f"error: cannot write {out} ({e.strerror or e}); the previous file is kept, "
+                             f"and {keep}") from None
         if state and not result["estimate"]:  # a full ranking is written; an estimate's ranks stay for a larger --limit
             shutil.rmtree(state.folder, ignore_errors=True)
         print(f"wrote {out} ({result['wall_s']:.1f} s)")

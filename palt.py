@@ -27,9 +27,8 @@ class PaltConfig:
     prompts: tuple = (10, 10, 10)  # b, m, e: prompt tokens at the start, middle and end
     calib_layers: tuple | None = None  # None: the middle and the last layer (6 and 11 of BERT-base)
     prompt_encoder: bool = True  # W_p of Eq. 1
-    # Re-parametrise the prompts through an MLP, as the reference code does. Off by default: on WN11 dev it did not
-    # help (MiniLM, 400 steps: 79.2% with, 79.5% without) and adds 2*d_h*d_h parameters (RESULTS.md, ablations).
-    prompt_mlp: bool = False
+    # Off: on WN11 dev the reference code's prompt MLP did not help (MiniLM, 400 steps: 79.2% with, 79.5% without)
+    prompt_mlp: bool = False  # re-parametrise the prompts through an MLP: 2*d_h*d_h more parameters (RESULTS.md)
     finetune: bool = False  # train the whole LM and no PALT part: the paper's "Finetuning" row (KG-BERT)
 
 
@@ -49,12 +48,10 @@ class PALT(nn.Module):
         calib = (n_layers // 2, n_layers - 1) if cfg.calib_layers is None else tuple(cfg.calib_layers)
         if any(not 0 <= i < n_layers for i in calib):
             raise ConfigError(f"calibration layers {calib} outside 0..{n_layers - 1}")
-        self.cfg, self.calib_layers, self.new_heads = cfg, calib, tuple(new_heads)
-        self.bert = bert
+        self.bert, self.cfg, self.calib_layers, self.new_heads = bert, cfg, calib, tuple(new_heads)
         n_p = sum(cfg.prompts)
         self.prompts = nn.Parameter(torch.randn(n_p, H) * bert.config.initializer_range) if n_p else None
-        self.prompt_mlp = (nn.Sequential(nn.Linear(H, H), nn.ReLU(), nn.Linear(H, H))
-                           if cfg.prompt_mlp and n_p else None)
+        self.prompt_mlp = nn.Sequential(nn.Linear(H, H), nn.ReLU(), nn.Linear(H, H)) if cfg.prompt_mlp and n_p else None
         self.W_p = zero_linear(H) if cfg.prompt_encoder else None
         self.calib = nn.ModuleDict({str(i): zero_linear(H) for i in calib})
         # Freeze every pretrained tensor; a head the checkpoint lacked (MiniLM's pooler and NSP head) must train.
@@ -105,13 +102,12 @@ def build_palt(model_name_or_path, cfg: PaltConfig):
 
 # ------------------------------------------------------------------------- checkpoints: trainable tensors only
 def trainable_state(model):
-    return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    return {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def save_checkpoint(path, model, meta):
     """Trainable tensors as safetensors; config, base model identity and data fingerprint in the metadata."""
-    meta = {"kind": "checkpoint", **meta, "palt": palt_meta(model)}
-    save_atomic(path, {n: t.cpu() for n, t in trainable_state(model).items()}, meta)
+    save_atomic(path, trainable_state(model), {"kind": "checkpoint", **meta, "palt": palt_meta(model)})
 
 
 def palt_meta(model):
@@ -123,13 +119,10 @@ def save_atomic(path, tensors, meta):
                                               metadata={"meta": json.dumps(meta)})))
 
 
-CHECKPOINT_KEYS = ("model", "weights_sha256", "data", "data_fingerprint", "text", "prompts", "max_seq_length", "palt")
-
-
 def read_checkpoint(path, kind="checkpoint", tensors=True):
     """(tensors, meta) of a PALT checkpoint (kind 'checkpoint') or of train.py's resume state (kind 'train-state');
     tensors=False reads the metadata alone ({} for the tensors): the checks made before anything loads."""
-    name = readable(path, CheckpointError)  # missing, or permission denied: one line (safetensors calls both "not found")
+    name = readable(path, CheckpointError)  # missing or unreadable, in one line (safetensors says "not found" to both)
     try:
         with safe_open(name, framework="pt") as f:
             meta = json.loads((f.metadata() or {})["meta"])
@@ -137,10 +130,11 @@ def read_checkpoint(path, kind="checkpoint", tensors=True):
     except Exception as e:  # a truncated or foreign file: say so in one line
         raise CheckpointError(f"{path}: not a PALT {kind} ({type(e).__name__}: {e})") from None
     if meta.get("kind", "checkpoint") != kind:  # checkpoints written before 'kind' existed are checkpoints
-        hint = " (train.py's resume state: give ckpt.safetensors, best.safetensors or the run folder)" \
-            if meta.get("kind") == "train-state" else ""
+        hint = (" (train.py's resume state: give ckpt.safetensors, best.safetensors or the run folder)"
+                if meta.get("kind") == "train-state" else "")
         raise CheckpointError(f"{path}: a {meta.get('kind')}, not a PALT {kind}{hint}")
-    missing = [k for k in CHECKPOINT_KEYS if k not in meta]
+    keys = ("model", "weights_sha256", "data", "data_fingerprint", "text", "prompts", "max_seq_length", "palt")
+    missing = [k for k in keys if k not in meta]
     if missing:
         raise CheckpointError(f"{path}: not a PALT {kind} (its metadata lacks {', '.join(missing)})")
     return tensors, meta
@@ -154,8 +148,8 @@ def load_checkpoint(path, model=None):
         raise CheckpointError(f"{path}: trained on {meta['model']} (sha256 {meta['weights_sha256'][:12]}), but "
                               f"{loaded.path} has sha256 {loaded.weights_sha256[:12]}: wrong base model")
     c = meta["palt"]
-    cfg = PaltConfig(prompts=tuple(c["prompts"]), calib_layers=tuple(c["calib_layers"]), prompt_encoder=c["prompt_encoder"],
-                     prompt_mlp=c["prompt_mlp"], finetune=c["finetune"])
+    cfg = PaltConfig(prompts=tuple(c["prompts"]), calib_layers=tuple(c["calib_layers"]),
+                     prompt_encoder=c["prompt_encoder"], prompt_mlp=c["prompt_mlp"], finetune=c["finetune"])
     palt = PALT(loaded.model, cfg, loaded.new_heads)
     expected = {n: tuple(t.shape) for n, t in trainable_state(palt).items()}
     got = {n: tuple(t.shape) for n, t in tensors.items()}
@@ -188,7 +182,7 @@ def init_distributed(dtype_choice):
 
 
 def check_limits(ap, args, limits):
-    """Numeric flags against their lower bounds {name: (low, low itself allowed)}: one argparse error naming the flag."""
+    """Numeric flags against their lower bounds {name: (low, low itself allowed)}: one argparse error naming it."""
     for k, (low, inclusive) in limits.items():
         v = getattr(args, k)
         if v is not None and not ((v >= low if inclusive else v > low) and math.isfinite(v)):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert, data, evaluate, hub, palt  # noqa: E402
+import bert, data, evaluate, files, hub, palt  # noqa: E402
 
 
 def forward(model, batch, dtype):
@@ -54,7 +54,7 @@ def compare(name, model, prompts, tokenizer, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt", default=str(hub.ROOT / "weights" / "palt-umls-minilm.safetensors"),
+    ap.add_argument("--ckpt", default=str(files.ROOT / "weights" / "palt-umls-minilm.safetensors"),
                     help="a umls checkpoint or run folder (default: the shipped adapter)")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--data-dir", help="default $PALT_DATA, else ./data")

@@ -291,6 +291,45 @@ def test_self_negatives_pair_an_entity_with_itself_unless_that_is_a_fact(tmp_pat
     assert neg[0, 2, :2].tolist() == [a, 0] and neg[2, 2:, 1].tolist() == [0, 0]  # drawn instead of (a, r1, a)
 
 
+def test_nearest_entities_are_the_brute_force_cosine_neighbours_of_mean_pooled_texts(tmp_path):
+    """Batched, length-sorted and padded, the embeddings are those of each text alone: [CLS] text [SEP], the last
+    layer's states averaged over its tokens; each entity's neighbours by cosine, itself excluded."""
+    import bert
+    from conftest import make_bert_dir
+    ents = "".join(f"e{i}\t{' '.join(VOCAB[4 + (i * j) % 14] for j in range(1 + i % 5))}\n" for i in range(30))
+    train = "".join(f"e{i}\tr1\te{(i + 1) % 29}\n" for i in range(29))  # e29 is in no split
+    write_kg(tmp_path, entity2text_txt=ents, train_tsv=train, dev_tsv="e1\tr2\te2\n", test_tsv="e3\tr2\te4\n")
+    kg, m = load_kg("umls", tmp_path), bert.load_bert(make_bert_dir(tmp_path / "m", VOCAB[4:]))
+    enc = encode(kg, m.tokenizer)
+    near = data.nearest_entities(m.model.eval(), kg, enc, k=4, tokens=40)  # small batches of mixed lengths
+    with torch.no_grad():
+        one = lambda e: m.model(torch.tensor([[enc.cls_id, *enc.ent_ids[enc.ent_off[e]:enc.ent_off[e + 1]], enc.sep_id]]),
+                                output_hidden_states=True).hidden_states[-1][0].mean(0)
+        emb = torch.nn.functional.normalize(torch.stack([one(e) for e in kg.split_entities]), dim=-1)
+    sim = emb @ emb.T
+    sim.fill_diagonal_(-2)
+    top = kg.split_entities[sim.topk(4, dim=1).indices.numpy()]
+    assert near.shape == (30, 4) and (near[29] == 29).all()  # outside the splits: itself
+    assert (near[kg.split_entities, 0] == top[:, 0]).mean() > 0.9  # float ties aside, the same nearest
+    assert all(len(set(near[e]) & set(t)) >= 3 for e, t in zip(kg.split_entities, top))
+
+
+def test_hard_negatives_come_from_the_replaced_entitys_neighbours(tmp_path):
+    ents = "".join(f"e{i}\talpha\n" for i in range(50))
+    train = "".join(f"e{i}\tr1\te{(i * 7 + 1) % 50}\n" for i in range(50))
+    write_kg(tmp_path, entity2text_txt=ents, train_tsv=train, dev_tsv="e1\tr2\te2\n", test_tsv="e3\tr2\te4\n")
+    kg = load_kg("umls", tmp_path)
+    near = np.stack([(np.arange(50) + 1) % 50, (np.arange(50) + 2) % 50], 1)  # e's neighbours: e+1, e+2
+    neg = NegativeSampler(kg, 1, 1, 1, seed=0, near=near, hard=1.0).negatives(0)
+    assert not kg.is_known(neg.reshape(-1, 3)).any()
+    for k, c in ((0, 0), (2, 2)):  # head and tail slots: a neighbour of the entity replaced, unless that is a fact
+        from_near = [neg[i, k, c] in near[kg.train[i, c]] for i in range(50)]
+        assert np.mean(from_near) > 0.9
+    half = NegativeSampler(kg, 1, 0, 1, seed=0, near=near, hard=0.5).negatives(0)
+    share = np.mean([half[i, 0, 0] in near[kg.train[i, 0]] for i in range(50)])
+    assert 0.3 < share < 0.75  # about half, plus the uniform draws that hit a neighbour by chance
+
+
 # ----------------------------------------------------------------------------- link prediction
 
 def test_lp_queries_are_unique_and_filters_hold_every_known_answer(kg):

@@ -1,6 +1,7 @@
 """train.py: training lowers the loss, frozen tensors stay frozen, DDP equals one process, --resume replays exactly."""
 import os, subprocess, sys
 from pathlib import Path
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -167,3 +168,24 @@ def test_a_failed_save_keeps_the_last_epoch_and_says_how_to_resume(setup, tmp_pa
     model = train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32", "--resume")))
     assert "model.prompts" in state and calls.count("state.safetensors") == 1
     assert not torch.equal(state["model.prompts"], model.prompts.detach())  # epoch 2 trained after the resume
+
+
+def test_hard_negatives_and_hard_dev_candidates(setup, tmp_path, capsys, monkeypatch):
+    """--hard-negatives draws corruptions from the frozen encoder's nearest entities; --dev-near adds each dev
+    query entity's nearest to the sampled dev candidates (more candidates than the sample and answers alone)."""
+    import data, evaluate
+    got = {}
+    real = evaluate.rank_split
+    monkeypatch.setattr(evaluate, "rank_split", lambda *a, **k: got.setdefault("near", k["near"]) is not None and real(*a, **k))
+    train.main(train.parse_args(args(setup, tmp_path, "--epochs", "1", "--hard-negatives", "0.5", "--dev-near", "3",
+                                     "--dev-sample", "2", "--dtype", "fp32")))
+    out = capsys.readouterr().out
+    assert "nearest 32 entities of each entity by the frozen encoder" in out and "dev after epoch 1: mrr" in out
+    assert got["near"].shape[1] == 3
+    kg = data.load_kg("umls", setup[0] / "data")
+    answers = kg.dev[:, [0, 2]]
+    want = len(np.union1d(answers, got["near"][answers].ravel()))  # the sample of 2 may add up to 2 more
+    dev = [line for line in out.splitlines() if line.startswith("dev after epoch 1")][0]
+    assert want <= int(dev.split(" against ")[1].split()[0]) <= want + 2
+    with pytest.raises(SystemExit):
+        train.parse_args(args(setup, tmp_path / "x", "--hard-negatives", "1.5"))
