@@ -1,0 +1,72 @@
+"""Paired comparison of two link-prediction rankings on the same test triples: B - A, per side, with a bootstrap.
+
+    python results/paired.py results/palt-wn18rr-minilm.state results/wn18rr-selfneg-lp.state
+
+Each argument is an evaluate.py ranking state folder (settings.json, rank*.npz: rows of test triple, side, filtered
+optimistic/pessimistic, raw optimistic/pessimistic). Only the triples ranked on both sides by both are compared; the
+bootstrap resamples those triples jointly (one index draw serves A and B and both sides), so the interval is that of
+the paired difference, far narrower than two independent intervals when the rankings agree on which triples are hard.
+"""
+import argparse, json
+from pathlib import Path
+import numpy as np
+
+METRICS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
+
+
+def ranks(folder):
+    """{(triple, side): realistic filtered rank} of a state folder, and its settings."""
+    folder = Path(folder)
+    files = sorted(folder.glob("rank*.npz"))
+    if not (folder / "settings.json").is_file() or not files:
+        raise SystemExit(f"error: {folder}: not a ranking state folder (settings.json and rank*.npz)")
+    rows = np.concatenate([np.load(f, allow_pickle=False)["rows"] for f in files])
+    return {(int(t), int(s)): (o + p) / 2 for t, s, o, p, *_ in rows}, json.loads((folder / "settings.json").read_text())
+
+
+def metric(r, name):
+    if name == "mrr":
+        return 1 / r
+    return r if name == "mr" else (r <= int(name.split("@")[1])).astype(float)
+
+
+def paired(a, b, n_resamples=10000, seed=0):
+    """{side: {metric: (A, B, B - A, [lo, hi])}} over the triples ranked on both sides by both."""
+    triples = sorted({t for t, _ in a} & {t for t, _ in b})
+    triples = [t for t in triples if all((t, s) in a and (t, s) in b for s in (0, 1))]
+    if not triples:
+        raise SystemExit("error: the two states share no triple ranked on both sides")
+    ra, rb = (np.array([[d[(t, s)] for s in (0, 1)] for t in triples]) for d in (a, b))  # (n, 2): head, tail
+    idx = np.random.default_rng(seed).integers(0, len(triples), size=(n_resamples, len(triples)))
+    out = {"triples": len(triples)}
+    for side, cols in (("head", [0]), ("tail", [1]), ("both", [0, 1])):
+        out[side] = {}
+        for m in METRICS:
+            va, vb = metric(ra[:, cols], m).mean(1), metric(rb[:, cols], m).mean(1)  # per triple
+            d = vb - va
+            lo, hi = np.percentile(d[idx].mean(1), [2.5, 97.5])
+            out[side][m] = (float(va.mean()), float(vb.mean()), float(d.mean()), [float(lo), float(hi)])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--resamples", type=int, default=10000)
+    args = ap.parse_args()
+    (a, sa), (b, sb) = ranks(args.a), ranks(args.b)
+    for k in ("data", "data_fingerprint", "split", "candidates", "seed"):
+        if sa.get(k) != sb.get(k):
+            raise SystemExit(f"error: the states differ in {k} ({sa.get(k)} vs {sb.get(k)}): not the same ranking task")
+    res = paired(a, b, args.resamples)
+    print(f"B - A on {res['triples']} test triples ranked by both; 95% paired bootstrap ({args.resamples:,} resamples)")
+    print(f"A {args.a}\nB {args.b}\n| side | metric | A | B | B - A [95%] |\n|---|---|---|---|---|")
+    for side in ("head", "tail", "both"):
+        for m, (va, vb, d, (lo, hi)) in res[side].items():
+            f = ".1f" if m == "mr" else ".3f"
+            print(f"| {side} | {m} | {va:{f}} | {vb:{f}} | {d:+{f}} [{lo:+{f}}, {hi:+{f}}] |")
+
+
+if __name__ == "__main__":
+    main()

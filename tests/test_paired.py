@@ -1,0 +1,36 @@
+"""results/paired.py: the paired difference of two rankings of the same triples, per side, with its bootstrap."""
+import json, subprocess, sys
+from pathlib import Path
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "results"))
+import paired  # noqa: E402
+
+
+def state(folder, ranks, **settings):
+    """A ranking state folder: ranks[t] = (head rank, tail rank), as optimistic = pessimistic."""
+    folder.mkdir()
+    (folder / "settings.json").write_text(json.dumps({"data": "umls", "split": "test", "seed": 0} | settings))
+    rows = [[t, s, r, r, r, r] for t, (h, tl) in ranks.items() for s, r in ((0, h), (1, tl))]
+    np.savez(folder / "rank0.npz", rows=np.array(rows, dtype=np.int64))
+    return folder
+
+
+def test_paired_difference_per_side(tmp_path):
+    a = state(tmp_path / "a", {0: (1, 2), 1: (4, 1), 2: (10, 3), 5: (1, 1)})
+    b = state(tmp_path / "b", {0: (1, 1), 1: (2, 1), 2: (10, 1), 7: (3, 3)})  # 5 and 7: ranked by one only
+    res = paired.paired(paired.ranks(a)[0], paired.ranks(b)[0], n_resamples=2000)
+    assert res["triples"] == 3
+    va, vb, d, (lo, hi) = res["head"]["mrr"]
+    assert np.isclose(va, (1 + 1 / 4 + 1 / 10) / 3) and np.isclose(vb, (1 + 1 / 2 + 1 / 10) / 3)
+    assert np.isclose(d, vb - va) and lo <= d <= hi
+    assert res["tail"]["hits@1"][:3] == (1 / 3, 1.0, 2 / 3) and res["both"]["mr"][2] < 0  # B ranks better
+    assert res["head"]["hits@10"][3] == [0.0, 0.0]  # the same on every triple: no spread
+
+
+def test_states_of_different_tasks_are_refused(tmp_path):
+    a = state(tmp_path / "a", {0: (1, 2)})
+    b = state(tmp_path / "b", {0: (1, 2)}, seed=1)
+    r = subprocess.run([sys.executable, str(ROOT / "results" / "paired.py"), str(a), str(b)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip() == "error: the states differ in seed (0 vs 1): not the same ranking task"
