@@ -550,3 +550,16 @@ def test_a_failed_save_keeps_the_previous_file_and_says_where_to_resume(lp_root,
     assert out.read_text() == "older results\n" and sorted(p.name for p in tmp_path.glob("r.*")) == ["r.json", "r.state"]
     got = run_cli(*common)  # finishes from the saved ranks, scoring nothing
     assert got["counts"]["resumed_queries"] == got["counts"]["queries"] and not (tmp_path / "r.state").exists()
+
+
+def test_a_graph_without_test_tsv_says_so_before_loading_the_model(trained, lp_root, tmp_path):
+    own = tmp_path / "own"
+    shutil.copytree(lp_root / "umls", own)
+    (own / "test.tsv").unlink()
+    kg = data.load_kg(own)
+    assert kg.task == "lp" and kg.test.shape == (0, 3) and len(kg.dev)
+    ckpt = save_like(tmp_path / "c.safetensors", trained, data=str(own), data_fingerprint=kg.fingerprint)
+    one_line_error(["--lp", "--ckpt", ckpt], re.escape(f"{own}/test.tsv: no such file (--lp needs it)"))
+    one_line_error(["--tc", "--ckpt", ckpt], "own has no labelled dev/test negatives")
+    evaluate.main(["--lp", "--ckpt", str(ckpt), "--split", "dev", "--out", str(tmp_path / "dev.json"), "--dtype", "fp32"])
+    assert json.loads((tmp_path / "dev.json").read_text())["counts"]["ranked_triples"] == len(kg.dev)
