@@ -95,12 +95,14 @@ def best_threshold(scores, labels):
 # ----------------------------------------------------------------------------- scoring
 class Scorer:
     """(N, 3) triples -> (N,) fp32 scores of a PALT model, in batches of rows of (almost) equal length, longest first,
-    at most `tokens` padded tokens each; autocast in `dtype` ('fp32' or 'bf16'; the NSP head stays fp32)."""
+    at most `tokens` padded tokens each; autocast in `dtype` ('fp32' or 'bf16'; the NSP head stays fp32); compile:
+    torch.compile fuses the casts, adds, LayerNorms and GELUs between the matmuls (bench/bench_eval.py)."""
 
-    def __init__(self, model, enc, prompts, max_seq_length, device="cpu", dtype="fp32", tokens=None):
+    def __init__(self, model, enc, prompts, max_seq_length, device="cpu", dtype="fp32", tokens=None, compile=False):
         self.model, self.enc, self.prompts, self.max_seq_length = model.eval(), enc, tuple(prompts), max_seq_length
         self.device, self.dtype = torch.device(device), dtype
         self.tokens = tokens or (1 << 18 if self.device.type == "cuda" else 1 << 14)  # measured sweet spots
+        self.forward = torch.compile(model, dynamic=True) if compile else model
         self.n_tokens = self.n_padded = 0  # real and padded tokens scored: the padding overhead
 
     @torch.inference_mode()
@@ -114,14 +116,18 @@ class Scorer:
         move = lambda t: t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
         i = 0
         while i < len(order):
-            # a batch takes rows no shorter than 15/16 of its first (longest) row, up to the token budget
+            # rows of exactly the first (longest) row's length, if they fill half the token budget: no padding, no
+            # attention mask (SDPA's unmasked kernel is x1.4 on CPU at 12 tokens); else rows no shorter than 15/16
             w = int(descending[i])
-            end = min(i + max(1, self.tokens // w), int(np.searchsorted(-descending, w // 16 - w, side="right")))
+            same, near = (int(np.searchsorted(-descending, x - w, side="right")) for x in (0, w // 16))
+            end = min(i + max(1, self.tokens // w), same if (same - i) * w >= self.tokens // 2 else near)
             idx = order[i:end]
             batch = data.build_batch(self.enc, triples[idx], self.prompts, self.max_seq_length)
             batch = {k: move(v) for k, v in batch.items()}
+            if lengths[idx[-1]] == w:
+                batch["attention_mask"] = None
             with bert.autocast(self.dtype, self.device):
-                logits = self.model(**batch)
+                logits = self.forward(**batch)
             out[move(torch.from_numpy(idx))] = palt.score(logits)
             self.n_tokens += int(lengths[idx].sum())
             self.n_padded += batch["input_ids"].numel()
@@ -581,6 +587,7 @@ def parse_args(argv=None):
     ap.add_argument("--text", choices=data.TEXTS, help="zero-shot: entity texts (default name)")
     ap.add_argument("--max-seq-length", type=int, help="default: the checkpoint's, else 192")
     ap.add_argument("--dtype", choices=bert.DTYPES, default="auto", help="autocast; auto: bf16 where native, else fp32")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model: ~40 s once, then x1.1 on CPU")
     ap.add_argument("--stop-after-queries", type=int, help=argparse.SUPPRESS)  # tests: stop (state saved), resume
     args = ap.parse_args(argv)
     if args.task == "predict" and bool(args.query) == bool(args.queries):
@@ -629,11 +636,13 @@ def main(argv=None):
         if out and run.task == "lp":  # the resumable ranking state
             files.check_writable(state_dir, f"{out}: its ranking state")
         rank, _, world, device, dtype = palt.init_distributed(run.dtype)
+        if run.compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
+            raise SystemExit("error: --compile on CPU needs a C++ compiler (g++, or $CXX): none found")
         model, tokenizer, info = load_model(run, device)
         palt.check_seq_length(info["max_seq_length"], sum(info["prompts"]), model.bert.config.max_position_embeddings,
                               info["model"])
         scorer = Scorer(model, data.encode(kg, tokenizer), info["prompts"], info["max_seq_length"], device, dtype,
-                        run.tokens)
+                        run.tokens, run.compile)
         if run.task == "predict":
             return predict(run, scorer, kg, tokenizer) if rank == 0 else None
         result, state = (link_prediction(run, scorer, kg, info, state_dir, rank, world) if run.task == "lp"
@@ -643,6 +652,7 @@ def main(argv=None):
         settings = dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"],
                         max_seq_length=info["max_seq_length"], candidates=run.candidates, limit=run.limit,
                         seed=run.seed, tokens=scorer.tokens, world_size=world, device=str(device), dtype=dtype,
+                        compile=run.compile,
                         padded_per_real_token=round(scorer.n_padded / scorer.n_tokens, 4) if scorer.n_tokens else None)
         result = dict(data=kg.name, model=info["model"], ckpt=info["ckpt"], weights_sha256=info["weights_sha256"],
                       data_fingerprint=kg.fingerprint, **result, wall_s=round(time.time() - t0, 2),

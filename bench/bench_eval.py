@@ -7,7 +7,9 @@ Python tokenising per query is not timed (a gift to the reference). The best-eff
 careful user of transformers would write: SDPA attention, the same candidates sorted by length, each batch padded
 to its longest row under our token budget, bf16 autocast where ours runs bf16. Ours: evaluate.rank_queries with
 evaluate.Scorer (length-sorted token-budget batches, filtered and raw ranks), in fp32 and in the 'auto' dtype
-(bf16 on GPU and on CPUs with native bf16). Same queries, candidates and weights; all rows alternated in one run.
+(bf16 on GPU and on CPUs with native bf16), and in the 'auto' dtype through torch.compile (evaluate.py --compile).
+Same queries, candidates and weights; all rows alternated in one run. Last, each row's share of the peak: model
+FLOPs (linear layers and attention, real tokens) against the spec on GPUs and a measured bf16/fp32 matmul on CPUs.
 
     python bench/bench_eval.py                                                  # MiniLM on this CPU, umls
     python bench/bench_eval.py --data fb15k-237 --queries 2 --cands 1000        # KG-BERT pads to 150 there
@@ -108,6 +110,16 @@ def best_effort(hf, enc, lpq, queries, max_seq_length, tokens, block, dtype, dev
     return torch.cat(parts)
 
 
+def matmul_peak(dtype, device, n):
+    """FLOP/s of an n x n x n product in this dtype: the peak the scorer is measured against."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    reps = 10 if device.type == "cuda" else 4
+    return 2 * n ** 3 * reps / timed(lambda: [a @ b for _ in range(reps)], device)
+
+
 def flops(cfg, lengths):
     """Model FLOPs of the encoder over rows of these lengths: 2 per weight per token, plus QK^T and AV."""
     H, I, n = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
@@ -137,6 +149,7 @@ def main():
     ap.add_argument("--tokens", type=int, help="our padded-token budget per batch (default: evaluate.py's)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core); 1 suffers less "
                     "from other work on a shared machine")
+    ap.add_argument("--ours-only", action="store_true", help="time our rows alone: no transformers, no reference")
     ap.add_argument("--repeat", type=int, default=3, help="timed rounds; the best of each is reported")
     args = ap.parse_args()
     if args.threads:
@@ -145,6 +158,8 @@ def main():
     max_seq, ref_batch = args.max_seq_length or KGBERT[args.data][0], args.ref_batch or KGBERT[args.data][1]
     auto = bert.resolve_dtype("auto", device)
     dtypes = ["fp32"] + ([auto] if auto != "fp32" else [])
+    ours_rows = dtypes + [f"{auto} compiled"]  # the compiled row also pays its compile in the warm-up, not timed
+    theirs = [] if args.ours_only else dtypes  # transformers' rows; the reference comes with them
     with tempfile.TemporaryDirectory() as tmp:
         d = model_dir(args.model, Path(tmp))
         ours, loaded = palt.build_palt(str(d), palt.PaltConfig(**evaluate.ZERO_SHOT))
@@ -159,12 +174,14 @@ def main():
     lpq = sub_queries(full, tri, args.cands, rng)
     C = len(lpq.candidates)
     block = max(1, (1 << 16) // C)  # queries scored together, as evaluate.py does
-    scorers = {dt: evaluate.Scorer(ours, enc, (0, 0, 0), max_seq, device, dt, args.tokens) for dt in dtypes}
+    scorers = {dt: evaluate.Scorer(ours, enc, (0, 0, 0), max_seq, device, dt.split()[0], args.tokens,
+                                   compile=dt.endswith("compiled")) for dt in ours_rows}
     tokens = scorers["fp32"].tokens  # evaluate.py's default budget unless --tokens
-    counts = {dt: {"padded": 0} for dt in dtypes}
-    run_ours = {dt: (lambda dt=dt: list(evaluate.rank_queries(scorers[dt], lpq, tri, queries, block))) for dt in dtypes}
+    counts = {dt: {"padded": 0} for dt in theirs}
+    run_ours = {dt: (lambda dt=dt: list(evaluate.rank_queries(scorers[dt], lpq, tri, queries, block)))
+                for dt in ours_rows}
     run_hf = {dt: (lambda dt=dt: best_effort(hf, enc, lpq, queries, max_seq, tokens, block, dt, device, counts[dt]))
-              for dt in dtypes}
+              for dt in theirs}
 
     # warm up every loop, and check that they compute the same scores
     first = candidate_triples(lpq, queries[0])
@@ -174,20 +191,23 @@ def main():
         logits = hf(**{k: b[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}).logits.cpu()
     diff = (ours_margin - (logits[:, 0] - logits[:, 1])).abs().max().item()
     every = np.concatenate([candidate_triples(lpq, q) for q in queries])  # the order best_effort returns scores in
-    s = {dt: scorers[dt](every).cpu() for dt in dtypes}
-    s_hf = {dt: run_hf[dt]().cpu() for dt in dtypes}
-    for dt in dtypes:
+    s = {dt: scorers[dt](every).cpu() for dt in ours_rows}
+    s_hf = {dt: run_hf[dt]().cpu() for dt in theirs}
+    for dt in ours_rows:
         run_ours[dt]()
-    reference(hf, enc, lpq, queries[:1], max_seq, ref_batch, device)
+    ref = lambda qs: None if args.ours_only else reference(hf, enc, lpq, qs, max_seq, ref_batch, device)
+    ref(queries[:1])
 
     # alternate all rows, best of --repeat each: other work on a shared machine slows whichever runs beside it
-    t_ours, t_hf, t_ref = {dt: [] for dt in dtypes}, {dt: [] for dt in dtypes}, []
+    t_ours, t_hf, t_ref = {dt: [] for dt in ours_rows}, {dt: [] for dt in theirs}, []
     for _ in range(args.repeat):
-        for dt in dtypes:
-            scorers[dt].n_padded, counts[dt]["padded"] = 0, 0
+        for dt in ours_rows:
+            scorers[dt].n_padded = 0
             t_ours[dt].append(timed(run_ours[dt], device))
+        for dt in theirs:
+            counts[dt]["padded"] = 0
             t_hf[dt].append(timed(run_hf[dt], device))
-        t_ref.append(timed(lambda: reference(hf, enc, lpq, queries, max_seq, ref_batch, device), device))
+        t_ref.append(timed(lambda: ref(queries), device))
     t_ours, t_hf, t_ref = {dt: min(t) for dt, t in t_ours.items()}, {dt: min(t) for dt, t in t_hf.items()}, min(t_ref)
     lengths = data.seq_lengths(enc, every, (0, 0, 0), max_seq)
 
@@ -198,40 +218,49 @@ def main():
           f"{args.data}: {len(queries)} queries x {C:,} candidates = {n:,} triples, {real / n:.1f} real tokens each; "
           f"best of {args.repeat}; load average {os.getloadavg()[0]:.2f} (the machine may be shared: compare rows "
           f"of one run)")
-    print(f"{'':62} {'dtype':>5} {'triples/s':>10} {'tokens/s':>10} {'padded/real':>11} {'seconds':>8}")
+    print(f"{'':62} {'dtype':>14} {'triples/s':>10} {'tokens/s':>10} {'padded/real':>11} {'seconds':>8}")
     rows = [(f"ours (length-sorted, {tokens:,}-token batches)", dt, t_ours[dt], scorers[dt].n_padded / real)
-            for dt in dtypes]
+            for dt in ours_rows]
     rows += [(f"transformers best effort (sdpa, length-sorted, {tokens:,}-token)", dt, t_hf[dt],
-              counts[dt]["padded"] / real) for dt in dtypes]
+              counts[dt]["padded"] / real) for dt in theirs]
     rows += [(f"reference (KG-BERT's way: padded to {max_seq}, batch {ref_batch}, per query)", "fp32", t_ref,
-              max_seq * n / real)]
+              max_seq * n / real)] * (not args.ours_only)
     for name, dt, t, pad in rows:
-        print(f"{name:62} {dt:>5} {n / t:10,.0f} {real / t:10,.0f} {pad:11.2f} {t:8.2f}")
+        print(f"{name:62} {dt:>14} {n / t:10,.0f} {real / t:10,.0f} {pad:11.2f} {t:8.2f}")
     if auto != "fp32":
         print(f"ours {auto} / ours fp32: x{t_ours['fp32'] / t_ours[auto]:.2f} (goal >= 1.8 on umls)")
-    print("ours / transformers best effort, same dtype: "
-          + ", ".join(f"{dt} x{t_hf[dt] / t_ours[dt]:.2f}" for dt in dtypes) + " (goal >= 1.5)")
-    print("ours / reference per scored triple: " + ", ".join(f"{dt} x{t_ref / t_ours[dt]:.2f}" for dt in dtypes))
+    print(f"ours {auto} compiled / ours {auto}: x{t_ours[auto] / t_ours[auto + ' compiled']:.2f}")
     gap = lambda x, y: (x - y).abs().max().item()
     print(f"scores: max |ours fp32 - HF fp32| {diff:.2e} on one query, unpadded (HF attention: "
-          f"{hf.config._attn_implementation}); over all {n:,}: |ours fp32 - best effort fp32| "
-          f"{gap(s['fp32'], s_hf['fp32']):.2e}")
+          f"{hf.config._attn_implementation}); over all {n:,}: |ours {auto} compiled - ours {auto}| "
+          f"{gap(s[auto + ' compiled'], s[auto]):.2e}")
     if auto != "fp32":  # bf16 keeps 3 significant digits inside the encoder; the NSP head and scores stay fp32
-        print(f"        max |ours {auto} - ours fp32| {gap(s[auto], s['fp32']):.2e}, |best effort {auto} - fp32| "
-              f"{gap(s_hf[auto], s_hf['fp32']):.2e} (fp32 scores span {s['fp32'].min().item():.2f}.."
-              f"{s['fp32'].max().item():.2f}, std {s['fp32'].std().item():.3f})")
-    # the reference ranks each test triple's two queries on their own; we score each distinct query once
-    T, Q, C_full = len(full.target), len(full.queries), len(full.candidates)
-    hours = lambda count, rate: count * C_full / rate / 3600
-    print(f"whole {args.data} test ({T:,} triples = {2 * T:,} sides asking {Q:,} distinct queries, {C_full:,} "
-          f"candidates): ours ({auto}) {hours(Q, n / t_ours[auto]):.2f} h, reference {hours(2 * T, n / t_ref):.2f} h, "
-          f"x{hours(2 * T, n / t_ref) / hours(Q, n / t_ours[auto]):.2f} on this device")
-    if device.type == "cuda":
-        peak = next((v for k, v in PEAK_BF16.items() if k in torch.cuda.get_device_name()), None)
-        model_flops = flops(loaded.config, lengths)
-        for name, dt, t, _ in rows:
-            print(f"{name.split(' (')[0]:24} {dt:>5} {model_flops / t / 1e12:7.1f} TFLOP/s of model FLOPs (real tokens)"
-                  + (f", MFU {100 * model_flops / t / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s bf16 peak" if peak else ""))
+        print(f"        max |ours {auto} - ours fp32| {gap(s[auto], s['fp32']):.2e} (fp32 scores span "
+              f"{s['fp32'].min().item():.2f}..{s['fp32'].max().item():.2f}, std {s['fp32'].std().item():.3f})")
+    if not args.ours_only:
+        print("ours / transformers best effort, same dtype: "
+              + ", ".join(f"{dt} x{t_hf[dt] / t_ours[dt]:.2f}" for dt in dtypes) + " (goal >= 1.5)")
+        print("ours / reference per scored triple: " + ", ".join(f"{dt} x{t_ref / t_ours[dt]:.2f}" for dt in dtypes))
+        print(f"        |ours fp32 - best effort fp32| {gap(s['fp32'], s_hf['fp32']):.2e}"
+              + (f", |best effort {auto} - fp32| {gap(s_hf[auto], s_hf['fp32']):.2e}" if auto != "fp32" else ""))
+        # the reference ranks each test triple's two queries on their own; we score each distinct query once
+        T, Q, C_full = len(full.target), len(full.queries), len(full.candidates)
+        hours = lambda count, rate: count * C_full / rate / 3600
+        print(f"whole {args.data} test ({T:,} triples = {2 * T:,} sides asking {Q:,} distinct queries, {C_full:,} "
+              f"candidates): ours ({auto}) {hours(Q, n / t_ours[auto]):.2f} h, reference "
+              f"{hours(2 * T, n / t_ref):.2f} h, x{hours(2 * T, n / t_ref) / hours(Q, n / t_ours[auto]):.2f} here")
+    # the peak: the spec's dense tensor-core figure on a known GPU, else a measured matmul in the row's dtype
+    spec = next((v for k, v in PEAK_BF16.items() if k in where), None)
+    peaks = {dt: spec if spec and dt == "bf16" else matmul_peak(getattr(torch, {"fp32": "float32", "bf16":
+             "bfloat16"}[dt]), device, 8192 if device.type == "cuda" else 1024) for dt in dtypes}
+    cfg = loaded.config
+    model_flops = flops(cfg, lengths)
+    linear = 2 * cfg.num_hidden_layers * (4 * cfg.hidden_size ** 2 + 2 * cfg.hidden_size * cfg.intermediate_size) * real
+    for name, dt, t, _ in rows:
+        peak = peaks[dt.split()[0]]
+        print(f"{name.split(' (')[0]:24} {dt:>14} {model_flops / t / 1e12:6.2f} TFLOP/s of model FLOPs (real tokens), "
+              f"MFU {100 * model_flops / t / peak:.1f}% (linear layers alone {100 * linear / t / peak:.1f}%) of "
+              f"{peak / 1e12:.2f} TFLOP/s {dt.split()[0]} {'spec' if spec and dt == 'bf16' else 'measured matmul'}")
 
 
 if __name__ == "__main__":

@@ -41,19 +41,9 @@ def run_tests(args, left):
         return {"command": " ".join(cmd[2:]), "returncode": None, "summary": "stopped at the call's budget"}
 
 
-def matmul_peak(dtype, device, n):
-    """FLOP/s of an n x n x n product in this dtype: the peak the scorer is measured against."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    reps = 10 if device.type == "cuda" else 2
-    return 2 * n ** 3 * reps / bench_eval.timed(lambda: [a @ b for _ in range(reps)], device)
-
-
 def throughput(args, device, left):
     rows, rng = [], np.random.default_rng(0)
-    peaks = {d: matmul_peak(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[d]), device, 8192 if device.type == "cuda" else 1024)
+    peaks = {d: bench_eval.matmul_peak(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[d]), device, 8192 if device.type == "cuda" else 1024)
              for d in ("fp32", "bf16")}
     for model_name in ("minilm",) if args.smoke else ("minilm", "bert-base-random"):
         folder = bench_eval.model_dir(model_name, Path(args.out) / f"model-{model_name}")
