@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer
 
 from bert import autocast
-from files import readable
+from files import read_text, readable
 
 
 OWN_TEXTS = {"name": "entity2text.txt", "long": "entity2textlong.txt", "description": "entity2description.txt"}
@@ -54,16 +54,11 @@ def dataset(spec, data_dir=None):
 def _read_rows(path, digest, ncols):
     """Tab-separated rows of a UTF-8 file, ncols in each, its bytes added to `digest`. BOM, CRs, whitespace around
     lines (WN11's trailing tabs, which KG-BERT's line.strip() dropped too) and trailing blank lines are dropped."""
-    raw = Path(readable(path, DataError)).read_bytes()  # missing, or permission denied: one line
+    raw, text = read_text(path, DataError)  # missing, permission denied, not UTF-8: one line
     digest.update(path.name.encode() + b"\0" + raw)
-    try:
-        text = raw.decode("utf-8-sig").rstrip()
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8") from None
-    if not text:
+    if not text.rstrip():
         raise DataError(f"{path}:1: empty file")
-    rows = [line.strip().split("\t") for line in text.split("\n")]
+    rows = [line.strip().split("\t") for line in text.rstrip().split("\n")]
     for i, row in enumerate(rows):
         if len(row) != ncols:
             raise DataError(f"{path}:{i + 1}: expected {ncols} tab-separated columns, got {len(row)}"

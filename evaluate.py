@@ -122,8 +122,8 @@ class Scorer:
             same, near = (int(np.searchsorted(-descending, x - w, side="right")) for x in (0, w // 16))
             end = min(i + max(1, self.tokens // w), same if (same - i) * w >= self.tokens // 2 else near)
             idx = order[i:end]
-            batch = data.build_batch(self.enc, triples[idx], self.prompts, self.max_seq_length)
-            batch = {k: move(v) for k, v in batch.items()}
+            batch = {k: move(v) for k, v in data.build_batch(self.enc, triples[idx], self.prompts,
+                                                             self.max_seq_length).items()}
             if lengths[idx[-1]] == w:
                 batch["attention_mask"] = None
             with bert.autocast(self.dtype, self.device):
@@ -418,13 +418,10 @@ def predict(run, scorer, kg, tokenizer):
     """The top-k completions of each query (E, r, ?) or (?, r, E); a text:... entity need not be in the graph."""
     queries = [parse_query(run.query, "--predict")] if run.query else []
     if run.queries:  # one a line, tab-separated as on the command line
-        raw = Path(files.readable(run.queries, data.DataError)).read_bytes()
+        text = files.read_text(run.queries, data.DataError)[1]
         try:
             queries = [parse_query([p.strip() for p in line.split("\t")], f"{run.queries}:{i + 1}")
-                       for i, line in enumerate(raw.decode("utf-8-sig").splitlines()) if line.strip()]
-        except UnicodeDecodeError as e:
-            line = raw[:e.start].count(b"\n") + 1
-            raise SystemExit(f"error: {run.queries}:{line}: not UTF-8") from None
+                       for i, line in enumerate(text.splitlines()) if line.strip()]
         except ValueError as e:  # a line that is no query
             raise SystemExit(f"error: {e}") from None
         if not queries:
@@ -649,10 +646,9 @@ def main(argv=None):
                          else triple_classification(run, scorer, kg, rank, world))
         if rank != 0:
             return
-        settings = dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"],
+        settings = dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"], compile=run.compile,
                         max_seq_length=info["max_seq_length"], candidates=run.candidates, limit=run.limit,
                         seed=run.seed, tokens=scorer.tokens, world_size=world, device=str(device), dtype=dtype,
-                        compile=run.compile,
                         padded_per_real_token=round(scorer.n_padded / scorer.n_tokens, 4) if scorer.n_tokens else None)
         result = dict(data=kg.name, model=info["model"], ckpt=info["ckpt"], weights_sha256=info["weights_sha256"],
                       data_fingerprint=kg.fingerprint, **result, wall_s=round(time.time() - t0, 2),

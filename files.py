@@ -17,6 +17,16 @@ def readable(path, error=OSError):
     return str(path)
 
 
+def read_text(path, error=OSError):
+    """(bytes, text) of a UTF-8 file (a BOM dropped), else `error` in one line naming the file and the line."""
+    raw = Path(readable(path, error)).read_bytes()
+    try:
+        return raw, raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not UTF-8") from None
+
+
 def write_atomic(path, write):
     """write(f) into path.tmp, then rename it over path: a kill, or a disk that fills, keeps the previous file.
     An OSError (disk full, permissions) comes out after the .tmp is removed."""

@@ -273,6 +273,47 @@ def test_scorer_batches_give_each_triple_its_own_score(trained):
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
 
 
+@pytest.fixture(scope="module")
+def long_rows(tiny_bert, lp_root):
+    """A PALT whose rows are 20+ tokens long (many prompts), so a batch may mix lengths (15/16 of its longest)."""
+    import palt
+    torch.manual_seed(2)
+    model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(prompts=(8, 4, 4), calib_layers=(0,)))
+    with torch.no_grad():
+        model.calib["0"].weight.normal_(0, 0.3)
+    kg = data.load_kg("umls", lp_root)
+    triples = np.array([(h, r, t) for h in range(len(kg.entities)) for r in range(2) for t in range(0, 10, 3)])
+    return model.eval(), data.encode(kg, loaded.tokenizer), triples
+
+
+def test_scorer_pads_and_masks_mixed_lengths_and_runs_one_length_unmasked(long_rows):
+    model, enc, pool = long_rows
+    lengths = data.seq_lengths(enc, pool, (8, 4, 4), 64)
+    count = np.bincount(lengths)
+    L = int(np.argmax(np.minimum(count[1:], count[:-1]))) + 1  # the most rows of two lengths, L and L - 1
+    n = min(count[L], count[L - 1])
+    assert L - 1 >= 16 and n >= 3  # so that a batch of rows of length L may take rows of L - 1 (>= 15/16 of L)
+    triples = np.concatenate([pool[lengths == L][:n], pool[lengths == L - 1][:n]])
+    # budget 2nL: the n rows of length L fill half of it, a batch alone; 2(n+1)L: they do not, a batch takes both
+    for tokens, mixed in ((2 * n * L, False), (2 * (n + 1) * L, True)):
+        scorer, unmasked = evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu", tokens=int(tokens)), []
+        scorer.forward = lambda **b: unmasked.append(b["attention_mask"] is None) or model(**b)
+        batched = scorer(triples)
+        alone = torch.cat([evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu")(t[None]) for t in triples])
+        torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
+        # padding and a mask exactly where a batch mixes lengths; no mask where every row is real to the end
+        assert (scorer.n_padded > scorer.n_tokens, unmasked) == ((True, [False]) if mixed else (False, [True, True]))
+
+
+@pytest.mark.slow
+def test_compiled_scorer_gives_the_eager_scores(long_rows):
+    model, enc, triples = long_rows  # torch.compile: tens of seconds, once; any batch shape after it (dynamic)
+    eager = evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu", tokens=200)(triples)
+    compiled = evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu", tokens=200, compile=True)
+    torch.testing.assert_close(compiled(triples), eager, atol=1e-4, rtol=0)
+    torch.testing.assert_close(compiled(triples[::7]), eager[::7], atol=1e-4, rtol=0)  # other shapes, no error
+
+
 def test_lp_from_a_checkpoint_matches_the_library_call(trained, lp_root, tmp_path, capsys):
     path, model, kg, enc = trained
     got = run_cli("--lp", "--data", "umls", "--data-dir", lp_root, "--ckpt", path, "--out", tmp_path / "r.json", "--raw",
