@@ -5,9 +5,9 @@
 
 Steps (--steps, default all, in this order, each stopped before --budget seconds of the call are spent):
   tests       the suite's parts that run on the GPU when there is one (bert, palt, precision), pass/fail counts
-  throughput  triples/s of evaluate.Scorer in fp32 and bf16 for MiniLM and a BERT-base-shaped random model, on
-              WN18RR and FB15k-237 candidate triples, and the share of the measured matmul peak (linear-layer FLOPs
-              on real tokens)
+  throughput  triples/s of evaluate.Scorer in fp32, bf16 and bf16 compiled (--compile) for MiniLM and a
+              BERT-base-shaped random model, on WN18RR and FB15k-237 candidate triples, and the share of the measured
+              matmul peak (linear-layer FLOPs on real tokens)
   rank        filtered link prediction of WN18RR and FB15k-237 test triples with the shipped adapters
               (weights/palt-NAME-minilm.safetensors; skipped, and said so, where none is shipped yet), --limit
               --rank-limit; evaluate.py saves its ranks every minute beside the JSON, so the same command in a later
@@ -56,19 +56,20 @@ def throughput(args, device, left):
             triples = np.stack([rng.choice(kg.split_entities, n), rng.integers(len(kg.relations), size=n),
                                 rng.choice(kg.split_entities, n)], 1)
             real = data.seq_lengths(enc, triples, (0, 0, 0), 192)
-            for dtype in ("fp32", "bf16"):
+            for dtype in ("fp32", "bf16", "bf16 compiled"):  # compiled: evaluate.py --compile
                 if left() < 30:
                     return {"rows": rows, "peaks": peaks, "note": "stopped at the call's budget"}
-                if dtype == "bf16" and device.type == "cpu" and not bert.cpu_has_native_bf16():
+                if dtype != "fp32" and device.type == "cpu" and not bert.cpu_has_native_bf16():
                     continue  # emulated: meaningless and ~100x slower
-                scorer = evaluate.Scorer(model, enc, (0, 0, 0), 192, device, dtype)
-                scorer(triples[: min(n, 2048)])  # warm-up
+                scorer = evaluate.Scorer(model, enc, (0, 0, 0), 192, device, dtype.split()[0],
+                                         compile=dtype.endswith("compiled"))
+                scorer(triples[: min(n, 2048)])  # warm-up (and the compile)
                 t = bench_eval.timed(lambda: scorer(triples), device)
                 linear = 2 * loaded.config.num_hidden_layers * (4 * loaded.config.hidden_size ** 2 + 2 *
                                                                 loaded.config.hidden_size * loaded.config.intermediate_size) * real.sum()
                 rows.append(dict(model=model_name, data=name, dtype=dtype, triples=n, seconds=round(t, 3),
                                  triples_per_s=round(n / t, 1), real_tokens_per_triple=round(float(real.mean()), 1),
-                                 linear_tflops=round(linear / t / 1e12, 2), share_of_matmul_peak=round(linear / t / peaks[dtype], 3)))
+                                 linear_tflops=round(linear / t / 1e12, 2), share_of_matmul_peak=round(linear / t / peaks[dtype.split()[0]], 3)))
                 print(json.dumps(rows[-1]), flush=True)
     return {"rows": rows, "matmul_peak_tflops": {d: round(p / 1e12, 1) for d, p in peaks.items()}}
 

@@ -306,12 +306,22 @@ def test_scorer_pads_and_masks_mixed_lengths_and_runs_one_length_unmasked(long_r
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="torch.compile on CPU needs g++")
 def test_compiled_scorer_gives_the_eager_scores(long_rows):
     model, enc, triples = long_rows  # torch.compile: tens of seconds, once; any batch shape after it (dynamic)
     eager = evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu", tokens=200)(triples)
     compiled = evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu", tokens=200, compile=True)
     torch.testing.assert_close(compiled(triples), eager, atol=1e-4, rtol=0)
     torch.testing.assert_close(compiled(triples[::7]), eager[::7], atol=1e-4, rtol=0)  # other shapes, no error
+
+
+def test_compile_without_a_cpu_compiler_is_one_line_before_the_model_loads(trained, lp_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setattr(evaluate, "load_model", lambda *a: pytest.fail("the model loaded"))
+    with pytest.raises(SystemExit, match="^error: --compile on CPU needs a C\\+\\+ compiler"):
+        evaluate.main(["--lp", "--data", "umls", "--data-dir", str(lp_root), "--ckpt", str(trained[0]), "--compile",
+                       "--out", str(tmp_path / "r.json")])
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 def test_lp_from_a_checkpoint_matches_the_library_call(trained, lp_root, tmp_path, capsys):
