@@ -584,7 +584,7 @@ def parse_args(argv=None):
     ap.add_argument("--text", choices=data.TEXTS, help="zero-shot: entity texts (default name)")
     ap.add_argument("--max-seq-length", type=int, help="default: the checkpoint's, else 192")
     ap.add_argument("--dtype", choices=bert.DTYPES, default="auto", help="autocast; auto: bf16 where native, else fp32")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the model: ~40 s once, then up to x1.1 on CPU")
+    ap.add_argument("--compile", action="store_true", help="torch.compile: ~40 s once, then up to x1.1 on CPU")
     ap.add_argument("--stop-after-queries", type=int, help=argparse.SUPPRESS)  # tests: stop (state saved), resume
     args = ap.parse_args(argv)
     if args.task == "predict" and bool(args.query) == bool(args.queries):
