@@ -15,7 +15,7 @@ FLOPs (linear layers and attention, real tokens) against the spec on GPUs and a 
     python bench/bench_eval.py --data fb15k-237 --queries 2 --cands 1000        # KG-BERT pads to 150 there
     python bench/bench_eval.py --model bert-base-random --data fb15k-237 --queries 8    # on a GPU
 """
-import argparse, os, shutil, sys, tempfile, time
+import argparse, contextlib, os, shutil, sys, tempfile, time, unittest.mock
 from pathlib import Path
 import numpy as np
 import torch
@@ -59,6 +59,19 @@ def sub_queries(lpq, tri, n_cands, rng):
     q = np.repeat(np.arange(len(lpq.queries)), np.diff(lpq.filter_ptr))
     ptr = np.concatenate([[0], np.cumsum(np.bincount(q[pos >= 0], minlength=len(lpq.queries)))])
     return data.LPQueries(lpq.candidates[keep], lpq.queries, lpq.triple_query, where[lpq.target], ptr, pos[pos >= 0])
+
+
+def plain_attention(q, k, v, attn_mask=None, dropout_p=0.0):
+    """softmax(QK^T / sqrt(d)) V in three plain ops: a stand-in for F.scaled_dot_product_attention, measured only
+    (--plain-attention; bert.py keeps SDPA, the house rule): SDPA's CPU flash kernel is built for long sequences."""
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return (s if attn_mask is None else s.masked_fill(~attn_mask, float("-inf"))).softmax(-1) @ v
+
+
+def attention_of(row):
+    """A context in which bert.py's attention is the row's: plain ops for a 'plain attention' row, else SDPA."""
+    return unittest.mock.patch.object(bert.F, "scaled_dot_product_attention", plain_attention) \
+        if row.endswith("plain attention") else contextlib.nullcontext()
 
 
 def candidate_triples(lpq, q):
@@ -149,6 +162,8 @@ def main():
     ap.add_argument("--tokens", type=int, help="our padded-token budget per batch (default: evaluate.py's)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core); 1 suffers less "
                     "from other work on a shared machine")
+    ap.add_argument("--plain-attention", action="store_true", help="add a compiled row with attention in plain ops, "
+                    "not SDPA: what the house rule costs (not adopted)")
     ap.add_argument("--ours-only", action="store_true", help="time our rows alone: no transformers, no reference")
     ap.add_argument("--repeat", type=int, default=3, help="timed rounds; the best of each is reported")
     args = ap.parse_args()
@@ -161,6 +176,7 @@ def main():
     theirs = [] if args.ours_only else dtypes  # transformers' rows; the reference comes with them
     # --ours-only: the 'auto' dtype alone, eager and compiled (the compile is paid in the warm-up, not timed)
     ours_rows = list(dict.fromkeys(theirs + [auto, f"{auto} compiled"]))
+    ours_rows += [f"{auto} compiled, plain attention"] * args.plain_attention
     with tempfile.TemporaryDirectory() as tmp:
         d = model_dir(args.model, Path(tmp))
         ours, loaded = palt.build_palt(str(d), palt.PaltConfig(**evaluate.ZERO_SHOT))
@@ -176,11 +192,12 @@ def main():
     C = len(lpq.candidates)
     block = max(1, (1 << 16) // C)  # queries scored together, as evaluate.py does
     scorers = {dt: evaluate.Scorer(ours, enc, (0, 0, 0), max_seq, device, dt.split()[0], args.tokens,
-                                   compile=dt.endswith("compiled")) for dt in ours_rows}
+                                   compile="compiled" in dt) for dt in ours_rows}
     tokens = scorers[auto].tokens  # evaluate.py's default budget unless --tokens
     counts = {dt: {"padded": 0} for dt in theirs}
-    run_ours = {dt: (lambda dt=dt: list(evaluate.rank_queries(scorers[dt], lpq, tri, queries, block)))
-                for dt in ours_rows}
+    def run_ours(dt):
+        with attention_of(dt):
+            return list(evaluate.rank_queries(scorers[dt], lpq, tri, queries, block))
     run_hf = {dt: (lambda dt=dt: best_effort(hf, enc, lpq, queries, max_seq, tokens, block, dt, device, counts[dt]))
               for dt in theirs}
 
@@ -192,7 +209,10 @@ def main():
         logits = hf(**{k: b[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}).logits.cpu()
     diff = (ours_margin - (logits[:, 0] - logits[:, 1])).abs().max().item()
     every = np.concatenate([candidate_triples(lpq, q) for q in queries])  # the order best_effort returns scores in
-    s = {dt: scorers[dt](every).cpu() for dt in ours_rows}
+    s = {}
+    for dt in ours_rows:
+        with attention_of(dt):
+            s[dt] = scorers[dt](every).cpu()
     s_hf = {dt: run_hf[dt]().cpu() for dt in theirs}
     ref = lambda qs: None if args.ours_only else reference(hf, enc, lpq, qs, max_seq, ref_batch, device)
     ref(queries[:1])
@@ -202,7 +222,7 @@ def main():
     for _ in range(args.repeat):
         for dt in ours_rows:
             scorers[dt].n_padded = 0
-            t_ours[dt].append(timed(run_ours[dt], device))
+            t_ours[dt].append(timed(lambda: run_ours(dt), device))
         for dt in theirs:
             counts[dt]["padded"] = 0
             t_hf[dt].append(timed(run_hf[dt], device))
@@ -217,7 +237,7 @@ def main():
           f"{args.data}: {len(queries)} queries x {C:,} candidates = {n:,} triples, {real / n:.1f} real tokens each; "
           f"best of {args.repeat}; load average {os.getloadavg()[0]:.2f} (the machine may be shared: compare rows "
           f"of one run)")
-    print(f"{'':62} {'dtype':>14} {'triples/s':>10} {'tokens/s':>10} {'padded/real':>11} {'seconds':>8}")
+    print(f"{'':62} {'dtype':>30} {'triples/s':>10} {'tokens/s':>10} {'padded/real':>11} {'seconds':>8}")
     rows = [(f"ours (length-sorted, {tokens:,}-token batches)", dt, t_ours[dt], scorers[dt].n_padded / real)
             for dt in ours_rows]
     rows += [(f"transformers best effort (sdpa, length-sorted, {tokens:,}-token)", dt, t_hf[dt],
@@ -225,7 +245,7 @@ def main():
     rows += [(f"reference (KG-BERT's way: padded to {max_seq}, batch {ref_batch}, per query)", "fp32", t_ref,
               max_seq * n / real)] * (not args.ours_only)
     for name, dt, t, pad in rows:
-        print(f"{name:62} {dt:>14} {n / t:10,.0f} {real / t:10,.0f} {pad:11.2f} {t:8.2f}")
+        print(f"{name:62} {dt:>30} {n / t:10,.0f} {real / t:10,.0f} {pad:11.2f} {t:8.2f}")
     if auto != "fp32" and not args.ours_only:
         print(f"ours {auto} / ours fp32: x{t_ours['fp32'] / t_ours[auto]:.2f} (goal >= 1.8 on umls)")
     print(f"ours {auto} compiled / ours {auto}: x{t_ours[auto] / t_ours[auto + ' compiled']:.2f}")
@@ -233,7 +253,11 @@ def main():
     print(f"scores: max |ours fp32 - HF fp32| {diff:.2e} on one query, unpadded (HF attention: "
           f"{hf.config._attn_implementation}); over all {n:,}: |ours {auto} compiled - ours {auto}| "
           f"{gap(s[auto + ' compiled'], s[auto]):.2e}")
-    if auto != "fp32" and not args.ours_only:  # bf16 keeps 3 significant digits inside the encoder; the NSP head and scores stay fp32
+    if args.plain_attention:
+        plain = f"{auto} compiled, plain attention"
+        print(f"ours {plain} / ours {auto} compiled: x{t_ours[auto + ' compiled'] / t_ours[plain]:.2f}; scores: "
+              f"max |plain - SDPA| {gap(s[plain], s[auto + ' compiled']):.2e}")
+    if auto != "fp32" and not args.ours_only:  # bf16: 3 significant digits in the encoder; NSP head and scores: fp32
         print(f"        max |ours {auto} - ours fp32| {gap(s[auto], s['fp32']):.2e} (fp32 scores span "
               f"{s['fp32'].min().item():.2f}..{s['fp32'].max().item():.2f}, std {s['fp32'].std().item():.3f})")
     if not args.ours_only:
@@ -257,7 +281,7 @@ def main():
     linear = 2 * cfg.num_hidden_layers * (4 * cfg.hidden_size ** 2 + 2 * cfg.hidden_size * cfg.intermediate_size) * real
     for name, dt, t, _ in rows:
         peak = peaks[dt.split()[0]]
-        print(f"{name.split(' (')[0]:24} {dt:>14} {model_flops / t / 1e12:6.2f} TFLOP/s of model FLOPs (real tokens), "
+        print(f"{name.split(' (')[0]:24} {dt:>30} {model_flops / t / 1e12:6.2f} TFLOP/s of model FLOPs (real tokens), "
               f"MFU {100 * model_flops / t / peak:.1f}% (linear layers alone {100 * linear / t / peak:.1f}%) of "
               f"{peak / 1e12:.2f} TFLOP/s {dt.split()[0]} {'spec' if spec and dt == 'bf16' else 'measured matmul'}")
 
