@@ -310,7 +310,7 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
     counts = dict(test_triples=T, ranked_triples=len(tri), queries=len(needed), candidates=C,
                   resumed_queries=resumed, scored_triples=fresh * C)  # scored_triples: by this run
     metrics = lp_metrics(rows) | {"interval95": bootstrap_interval(rows, seed=run.seed) if estimate else None}
-    note = f"estimate ({len(tri)} of {T} test triples)" if estimate else f"all {T} test triples"
+    note = f"estimate ({len(tri)} of {T} {run.split} triples)" if estimate else f"all {T} {run.split} triples"
     return dict(task="lp", split=run.split, estimate=estimate, counts=counts, metrics=metrics, note=note), state
 
 

@@ -8,6 +8,8 @@ ranks against every entity), this prints the exact dev MRR beside train.py's sam
 `random` (the triples' own entities plus --sample seeded random ones, train.py's --dev-sample) and `near N` (those,
 plus the N entities nearest each query's entity by the frozen encoder, train.py's --dev-near N). A signal is good
 where it orders the checkpoints as the exact MRR does: the last lines count the pairs each signal orders the same way.
+`self wins`: the share of those dev queries whose own entity outscores the answer ((h, r, h) over (h, r, t) for a
+tail query): where it is large, self-negatives (train.py --negatives h,r,t,2) have something to fix.
 """
 import argparse, itertools, json, sys
 from pathlib import Path
@@ -66,13 +68,17 @@ def main():
         for n in nears:
             row[f"near {n}"] = evaluate.rank_split(scorer, kg, "dev", limit, settings["seed"], sample=args.sample,
                                                    near=near[:, :n])["mrr"]
+        answer = scorer(kg.dev[tri]).float()
+        own = [scorer(kg.dev[tri][:, [0, 1, 0]]).float(), scorer(kg.dev[tri][:, [2, 1, 2]]).float()]  # tail, head
+        row["self wins"] = float(torch.cat([o > answer for o in own]).float().mean())
         table.append(row)
         print(json.dumps(row), flush=True)
     signals = ["random"] + [f"near {n}" for n in nears]
-    print(f"\n| checkpoint | dev triples | exact MRR | " + " | ".join(f"{s} MRR" for s in signals) + " |")
-    print("|---" * (3 + len(signals)) + "|")
+    print(f"\n| checkpoint | dev triples | exact MRR | " + " | ".join(f"{s} MRR" for s in signals) + " | self wins |")
+    print("|---" * (4 + len(signals)) + "|")
     for r in table:
-        print(f"| {r['ckpt']} | {r['triples']} | {r['exact']:.4f} | " + " | ".join(f"{r[s]:.4f}" for s in signals) + " |")
+        print(f"| {r['ckpt']} | {r['triples']} | {r['exact']:.4f} | " + " | ".join(f"{r[s]:.4f}" for s in signals)
+              + f" | {r['self wins']:.2f} |")
     pairs = list(itertools.combinations(table, 2))
     for s in signals:
         agree = [np.sign(a["exact"] - b["exact"]) * np.sign(a[s] - b[s]) for a, b in pairs]

@@ -1,0 +1,72 @@
+"""results/devsignal.py: exact dev MRR beside the sampled dev signals, per checkpoint, and how often they agree."""
+import json, subprocess, sys
+from pathlib import Path
+import numpy as np
+import pytest
+import torch
+
+import data, evaluate, palt
+from conftest import make_bert_dir, write_tiny_kg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ranked(tmp_path_factory):
+    """Two random-calibration checkpoints of a tiny umls graph and an exact dev ranking state of 5 of the 6 dev triples
+    each (an estimate keeps its state)."""
+    root = tmp_path_factory.mktemp("devsignal")
+    words = write_tiny_kg(root / "data", "umls")  # 24 entities, 6 dev triples
+    base = make_bert_dir(root / "bert", words, layers=2)
+    kg = data.load_kg("umls", root / "data")
+    pairs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        model, loaded = palt.build_palt(str(base), palt.PaltConfig(prompts=(1, 0, 0), calib_layers=(1,)))
+        with torch.no_grad():
+            model.calib["1"].weight.normal_(0, 0.5)  # W_c starts at zero: make the two checkpoints differ
+        ckpt = root / f"c{seed}.safetensors"
+        palt.save_checkpoint(ckpt, model, {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls",
+                                           "data_fingerprint": kg.fingerprint, "text": "name", "prompts": [1, 0, 0],
+                                           "max_seq_length": 16})
+        evaluate.main(["--lp", "--split", "dev", "--limit", "5", "--ckpt", str(ckpt), "--data-dir", str(root / "data"),
+                       "--out", str(root / f"c{seed}-dev.json")])
+        pairs.append((ckpt, root / f"c{seed}-dev.state"))
+    return root, kg, pairs
+
+
+def devsignal(root, *args):
+    return subprocess.run([sys.executable, str(ROOT / "results" / "devsignal.py"), *map(str, args), "--data-dir",
+                           str(root / "data")], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_a_sample_holding_every_entity_is_the_exact_ranking(ranked):
+    root, kg, pairs = ranked
+    r = devsignal(root, *(f"{c}={s}" for c, s in pairs), "--sample", 100, "--near", "3")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 and all(row["triples"] == 5 for row in rows)
+    for row, (ckpt, state) in zip(rows, pairs):
+        exact = json.loads((root / f"{state.name[:-len('.state')]}.json").read_text())
+        assert row["exact"] == pytest.approx(exact["metrics"]["filtered"]["both"]["realistic"]["mrr"])
+        assert row["random"] == pytest.approx(row["exact"]) and row["near 3"] == pytest.approx(row["exact"])
+    assert rows[0]["exact"] != rows[1]["exact"]
+    assert "random: orders 1 of 1 checkpoint pairs as the exact dev MRR does, 0 the other way, 0 tied" in r.stdout
+
+
+def test_self_wins_is_the_share_of_dev_queries_whose_own_entity_outscores_the_answer(ranked):
+    root, kg, pairs = ranked
+    r = devsignal(root, f"{pairs[0][0]}={pairs[0][1]}", "--near", "3")
+    row = json.loads(r.stdout.splitlines()[0])
+    model, meta, loaded = palt.load_checkpoint(pairs[0][0])
+    score = evaluate.Scorer(model.eval(), data.encode(kg, loaded.tokenizer), meta["prompts"], meta["max_seq_length"])
+    dev = kg.dev[evaluate.select(len(kg.dev), 5, 0)]  # the 5 triples the state ranked
+    wins = [float(score(np.array([own]))[0] > score(np.array([[h, rel, t]]))[0])
+            for h, rel, t in dev.tolist() for own in ([h, rel, h], [t, rel, t])]
+    assert row["self wins"] == pytest.approx(sum(wins) / len(wins))
+
+
+def test_a_state_of_another_checkpoint_is_refused(ranked):
+    root, _, pairs = ranked
+    r = devsignal(root, f"{pairs[0][0]}={pairs[1][1]}")
+    assert r.returncode == 1 and r.stderr.strip() == f"error: {pairs[1][1]} ranked another checkpoint than {pairs[0][0]}"
