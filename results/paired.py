@@ -1,4 +1,4 @@
-"""Paired comparison of two link-prediction rankings on the same test triples: B - A, per side, with a bootstrap.
+"""Paired comparison of two link-prediction rankings of the same (test or dev) triples: B - A per side, bootstrapped.
 
     python results/paired.py results/palt-wn18rr-minilm.state results/wn18rr-selfneg-lp.state
 
@@ -21,7 +21,8 @@ def ranks(folder):
     if not (folder / "settings.json").is_file() or not files:
         raise SystemExit(f"error: {folder}: not a ranking state folder (settings.json and rank*.npz)")
     rows = np.concatenate([np.load(f, allow_pickle=False)["rows"] for f in files])
-    return {(int(t), int(s)): (o + p) / 2 for t, s, o, p, *_ in rows}, json.loads((folder / "settings.json").read_text())
+    settings = json.loads((folder / "settings.json").read_text())
+    return {(int(t), int(s)): (o + p) / 2 for t, s, o, p, *_ in rows}, settings
 
 
 def metric(r, name):
@@ -60,7 +61,8 @@ def main():
         if sa.get(k) != sb.get(k):
             raise SystemExit(f"error: the states differ in {k} ({sa.get(k)} vs {sb.get(k)}): not the same ranking task")
     res = paired(a, b, args.resamples)
-    print(f"B - A on {res['triples']} test triples ranked by both; 95% paired bootstrap ({args.resamples:,} resamples)")
+    print(f"B - A on {res['triples']} {sa.get('split', 'test')} triples ranked by both; 95% paired bootstrap "
+          f"({args.resamples:,} resamples)")
     print(f"A {args.a}\nB {args.b}\n| side | metric | A | B | B - A [95%] |\n|---|---|---|---|---|")
     for side in ("head", "tail", "both"):
         for m, (va, vb, d, (lo, hi)) in res[side].items():

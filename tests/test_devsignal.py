@@ -69,4 +69,5 @@ def test_self_wins_is_the_share_of_dev_queries_whose_own_entity_outscores_the_an
 def test_a_state_of_another_checkpoint_is_refused(ranked):
     root, _, pairs = ranked
     r = devsignal(root, f"{pairs[0][0]}={pairs[1][1]}")
-    assert r.returncode == 1 and r.stderr.strip() == f"error: {pairs[1][1]} ranked another checkpoint than {pairs[0][0]}"
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"error: {pairs[1][1]} ranked another checkpoint than {pairs[0][0]}"
