@@ -3,11 +3,17 @@
     python evaluate.py --lp --split dev --limit 20 --ckpt CKPT --out results/NAME-dev.json     # exact, resumable
     python results/devsignal.py CKPT=results/NAME-dev.state CKPT2=results/NAME2-dev.state [--near 8,32]
 
-For every checkpoint (all on one dataset), on the dev triples its exact state ranked (their filtered realistic
-ranks against every entity), this prints the exact dev MRR beside train.py's sampled dev signals on the same triples:
+For every checkpoint (all on one dataset), on the triples every state ranked on both sides (their filtered realistic
+ranks against every entity; dev, or test states of one split), this prints the exact MRR and MR beside train.py's
+sampled dev signals on the same triples:
 `random` (the triples' own entities plus --sample seeded random ones, train.py's --dev-sample) and `near N` (those,
 plus the N entities nearest each query's entity by the frozen encoder, train.py's --dev-near N). A signal is good
-where it orders the checkpoints as the exact MRR does: the last lines count the pairs each signal orders the same way.
+where it orders the checkpoints as the exact MRR does: the last lines count the pairs each signal orders the same way,
+all of them and those the exact ranking itself separates (results/paired.py: 95% paired bootstrap excludes 0).
+`strat N` estimates the exact ranks instead of ranking within a sample: per query, every hard candidate (the N entities
+nearest its entity and the N nearest its answer, and its entity itself) is scored and counts once; --sample uniform
+draws from the other candidates each count for (other candidates)/(draws). The estimated rank is unbiased; its
+reciprocal is not, but the top, which MRR weighs most, is counted exactly wherever the hard candidates hold it.
 `self wins`: the share of those dev queries whose own entity outscores the answer ((h, r, h) over (h, r, t) for a
 tail query): where it is large, self-negatives (train.py --negatives h,r,t,2) have something to fix.
 """
@@ -17,25 +23,48 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "results")]
 import bert, data, evaluate, files, palt  # noqa: E402
+from paired import paired as paired_bootstrap  # noqa: E402  (results/paired.py)
 
 
-def exact_mrr(state, T):
-    """(MRR of the realistic filtered ranks, the dev triples) of an evaluate.py state folder over the longest prefix of
-    its seeded permutation ranked on both sides: evaluate.select(T, k, seed), the subset rank_split(limit=k) ranks."""
+def ranked_prefix(state, T):
+    """(k, rows, settings) of an evaluate.py state folder: the longest prefix k of its seeded permutation ranked on both
+    sides (evaluate.select(T, k, seed), the subset rank_split(limit=k) ranks) and its rows."""
     settings = json.loads((Path(state) / "settings.json").read_text())
-    if settings.get("split") != "dev":
-        raise SystemExit(f"error: {state}: ranks of the {settings.get('split')} split; rank dev (--split dev)")
     rows = np.concatenate([evaluate.read_rows(f, T) for f in sorted(Path(state).glob("rank*.npz"))])
     sides = np.bincount(rows[:, 0], minlength=T)
     perm = np.random.default_rng(settings["seed"]).permutation(T)
     k = int(np.argmin(np.append(sides[perm] == 2, False)))  # the first triple of the permutation not ranked twice
-    tri = np.sort(perm[:k])
     if not k:
-        raise SystemExit(f"error: {state}: no dev triple ranked on both sides yet")
-    rows = rows[np.isin(rows[:, 0], tri)]
-    return float((2 / (rows[:, 2] + rows[:, 3])).mean()), tri, settings
+        raise SystemExit(f"error: {state}: no {settings['split']} triple ranked on both sides yet")
+    return k, rows, settings
+
+
+def stratified(scorer, kg, tri, seed, near, draws, split="dev"):
+    """(MRR, MR) of the stratified rank estimates of the triples `tri` of a split, as head and as tail (see above)."""
+    lpq, rng = data.lp_queries(kg, split), np.random.default_rng(seed)
+    cand, batch, parts = lpq.candidates, [], []
+    for i in tri:
+        for side in (0, 1):  # side 0 asks (?, r, e), side 1 (e, r, ?)
+            q = lpq.triple_query[i, side]
+            _, r, e = lpq.queries[q]
+            answer = cand[lpq.target[i, side]]
+            known = cand[lpq.filter_pos[lpq.filter_ptr[q]:lpq.filter_ptr[q + 1]]]  # the answer and the other facts
+            hard = np.setdiff1d(np.intersect1d(np.union1d(near[[e, answer]].ravel(), [e]), cand), known)
+            rest = np.setdiff1d(cand, np.union1d(hard, known), assume_unique=True)
+            drawn = rng.choice(rest, min(draws, len(rest)), replace=False)
+            c = np.concatenate([[answer], hard, drawn])
+            batch.append(np.stack([c if side == 0 else np.full_like(c, e), np.full_like(c, r),
+                                   np.full_like(c, e) if side == 0 else c], 1))
+            parts.append((len(hard), len(drawn), len(rest) / max(1, len(drawn))))
+    scores, at, ranks = scorer(np.concatenate(batch)).float().numpy(), 0, []
+    for n_hard, n_drawn, weight in parts:
+        s = scores[at:at + 1 + n_hard + n_drawn]
+        beats = (s[1:] > s[0]) + 0.5 * (s[1:] == s[0])  # realistic: ties count half
+        ranks.append(1 + beats[:n_hard].sum() + weight * beats[n_hard:].sum())
+        at += len(s)
+    return float(np.mean(1 / np.array(ranks))), float(np.mean(ranks))
 
 
 def main():
@@ -48,42 +77,75 @@ def main():
     args = ap.parse_args()
     device, dtype = torch.device("cpu"), bert.resolve_dtype("auto", "cpu")
     nears = [int(n) for n in args.near.split(",")]
+    pairs = [(ckpt, Path(state)) for ckpt, _, state in (p.partition("=") for p in args.pairs)]
+    settings = [json.loads((state / "settings.json").read_text()) for _, state in pairs]
+    for k in ("data", "data_fingerprint", "split", "candidates", "seed"):
+        if len({str(s.get(k)) for s in settings}) > 1:
+            raise SystemExit(f"error: the states differ in {k}: not the same ranking task")
+    task = settings[0]
+    kg = data.load_kg(task["data"], args.data_dir, text=task["text"])
+    split, T = task["split"], len(getattr(kg, task["split"]))
+    prefixes = [ranked_prefix(state, T) for _, state in pairs]
+    k = min(p[0] for p in prefixes)  # the triples every state ranked on both sides: one task for all
+    tri = np.sort(np.random.default_rng(task["seed"]).permutation(T)[:k])
+    chosen = set(tri.tolist())
+    exact = [{(int(t), int(side)): (o + p) / 2 for t, side, o, p, *_ in rows if t in chosen}
+             for _, rows, _ in prefixes]  # realistic filtered ranks, as paired.py reads them
     table, near, names = [], None, None
-    for pair in args.pairs:
-        ckpt, _, state = pair.partition("=")
+    for (ckpt, state), (_, _, settings), ranks in zip(pairs, prefixes, exact):
         model, meta, loaded = palt.load_checkpoint(ckpt)
-        kg = data.load_kg(meta["data"], args.data_dir, text=meta["text"])
-        exact, tri, settings = exact_mrr(state, len(kg.dev))
         if settings["checkpoint_sha256"] != files.sha256_file(ckpt):
             raise SystemExit(f"error: {state} ranked another checkpoint than {ckpt}")
+        if meta["text"] != task["text"]:
+            kg = data.load_kg(task["data"], args.data_dir, text=meta["text"])
         enc = data.encode(kg, loaded.tokenizer)
-        if near is None or names != (kg.fingerprint, meta["model"]):  # the frozen encoder: once per data and model
-            near, names = data.nearest_entities(model.bert, kg, enc, max(nears), device, dtype), (kg.fingerprint,
-                                                                                                  meta["model"])
+        if names != (kg.fingerprint, meta["model"], meta["text"]):  # the frozen encoder: once per data, model, text
+            near = data.nearest_entities(model.bert, kg, enc, max(nears), device, dtype)
+            names = (kg.fingerprint, meta["model"], meta["text"])
         scorer = evaluate.Scorer(model.eval(), enc, meta["prompts"], meta["max_seq_length"], device, dtype,
                                  compile=args.compile)
-        row = {"ckpt": files.project_path(ckpt), "exact": exact, "triples": len(tri)}
-        limit = len(tri) if len(tri) < len(kg.dev) else None  # rank_split ranks select()'s subset: the same triples
-        row["random"] = evaluate.rank_split(scorer, kg, "dev", limit, settings["seed"], sample=args.sample)["mrr"]
+        r = np.array(list(ranks.values()))
+        row = {"ckpt": files.project_path(ckpt), "split": split, "triples": k, "exact": float(np.mean(1 / r)),
+               "exact MR": float(r.mean())}
+        limit = k if k < T else None  # rank_split ranks select()'s subset: the same triples
+        row["random"] = evaluate.rank_split(scorer, kg, split, limit, task["seed"], sample=args.sample)["mrr"]
         for n in nears:
-            row[f"near {n}"] = evaluate.rank_split(scorer, kg, "dev", limit, settings["seed"], sample=args.sample,
+            row[f"near {n}"] = evaluate.rank_split(scorer, kg, split, limit, task["seed"], sample=args.sample,
                                                    near=near[:, :n])["mrr"]
-        answer = scorer(kg.dev[tri]).float()
-        own = [scorer(kg.dev[tri][:, [0, 1, 0]]).float(), scorer(kg.dev[tri][:, [2, 1, 2]]).float()]  # tail, head
+        for n in [0] + nears:
+            row[f"strat {n}"], row[f"strat {n} MR"] = stratified(scorer, kg, tri, task["seed"], near[:, :n],
+                                                                 args.sample, split)
+        triples = getattr(kg, split)[tri]
+        answer = scorer(triples).float()
+        own = [scorer(triples[:, [0, 1, 0]]).float(), scorer(triples[:, [2, 1, 2]]).float()]  # tail, head
         row["self wins"] = float(torch.cat([o > answer for o in own]).float().mean())
         table.append(row)
         print(json.dumps(row), flush=True)
-    signals = ["random"] + [f"near {n}" for n in nears]
-    print(f"\n| checkpoint | dev triples | exact MRR | " + " | ".join(f"{s} MRR" for s in signals) + " | self wins |")
-    print("|---" * (4 + len(signals)) + "|")
+    signals = ["random"] + [f"near {n}" for n in nears] + [f"strat {n}" for n in [0] + nears]
+    print(f"\n| checkpoint | {split} triples | exact MRR | exact MR | " + " | ".join(f"{s} MRR" for s in signals)
+          + " | strat MR | self wins |")
+    print("|---" * (6 + len(signals)) + "|")
     for r in table:
-        print(f"| {r['ckpt']} | {r['triples']} | {r['exact']:.4f} | " + " | ".join(f"{r[s]:.4f}" for s in signals)
-              + f" | {r['self wins']:.2f} |")
-    pairs = list(itertools.combinations(table, 2))
-    for s in signals:
-        agree = [np.sign(a["exact"] - b["exact"]) * np.sign(a[s] - b[s]) for a, b in pairs]
-        print(f"{s}: orders {agree.count(1)} of {len(pairs)} checkpoint pairs as the exact dev MRR does, "
-              f"{agree.count(-1)} the other way, {agree.count(0)} tied")
+        print(f"| {r['ckpt']} | {r['triples']} | {r['exact']:.4f} | {r['exact MR']:.0f} | "
+              + " | ".join(f"{r[s]:.4f}" for s in signals) + f" | {r[f'strat {max(nears)} MR']:.0f} | "
+              f"{r['self wins']:.2f} |")
+    # which pairs the exact ranking itself orders: the paired bootstrap's 95% interval of the difference excludes 0
+    pairs = list(itertools.combinations(range(len(table)), 2))
+    sure = {"exact": [], "exact MR": []}
+    for i, j in pairs:
+        res = paired_bootstrap(exact[i], exact[j])["both"]
+        for key, m, f in (("exact", "mrr", ".3f"), ("exact MR", "mr", ".0f")):
+            _, _, d, (lo, hi) = res[m]
+            sure[key].append(lo > 0 or hi < 0)
+            print(f"exact: {table[j]['ckpt']} - {table[i]['ckpt']}: {m.upper()} {d:+{f}} [{lo:+{f}}, {hi:+{f}}]"
+                  + ("" if sure[key][-1] else " (not separated)"))
+    for s in signals + [f"strat {n} MR" for n in [0] + nears]:
+        key = "exact MR" if s.endswith("MR") else "exact"
+        agree = [np.sign(table[i][key] - table[j][key]) * np.sign(table[i][s] - table[j][s]) for i, j in pairs]
+        on_sure = [a for a, ok in zip(agree, sure[key]) if ok]
+        label = "exact MR" if key == "exact MR" else "exact MRR"
+        print(f"{s}: orders {agree.count(1)} of {len(pairs)} checkpoint pairs as the {label} does, {agree.count(-1)} "
+              f"the other way, {agree.count(0)} tied; {on_sure.count(1)} of the {len(on_sure)} pairs it separates")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """results/devsignal.py: exact dev MRR beside the sampled dev signals, per checkpoint, and how often they agree."""
-import json, subprocess, sys
+import importlib.util, json, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
@@ -50,8 +50,11 @@ def test_a_sample_holding_every_entity_is_the_exact_ranking(ranked):
         exact = json.loads((root / f"{state.name[:-len('.state')]}.json").read_text())
         assert row["exact"] == pytest.approx(exact["metrics"]["filtered"]["both"]["realistic"]["mrr"])
         assert row["random"] == pytest.approx(row["exact"]) and row["near 3"] == pytest.approx(row["exact"])
+        # the stratified estimate: every other candidate drawn, each counting once, is the exact rank
+        assert row["strat 0"] == pytest.approx(row["exact"]) and row["strat 3"] == pytest.approx(row["exact"])
+        assert row["strat 3 MR"] == pytest.approx(exact["metrics"]["filtered"]["both"]["realistic"]["mr"])
     assert rows[0]["exact"] != rows[1]["exact"]
-    assert "random: orders 1 of 1 checkpoint pairs as the exact dev MRR does, 0 the other way, 0 tied" in r.stdout
+    assert "random: orders 1 of 1 checkpoint pairs as the exact MRR does, 0 the other way, 0 tied" in r.stdout
 
 
 def test_self_wins_is_the_share_of_dev_queries_whose_own_entity_outscores_the_answer(ranked):
@@ -71,3 +74,19 @@ def test_a_state_of_another_checkpoint_is_refused(ranked):
     r = devsignal(root, f"{pairs[0][0]}={pairs[1][1]}")
     assert r.returncode == 1
     assert r.stderr.strip() == f"error: {pairs[1][1]} ranked another checkpoint than {pairs[0][0]}"
+
+
+
+def test_the_stratified_rank_estimate_is_unbiased(ranked):
+    """3 draws from the other candidates, each counting for (others)/3: averaged over draws, the estimated ranks are
+    the exact ones (every candidate drawn, which the first test checks against evaluate.py). Scores with ties."""
+    spec = importlib.util.spec_from_file_location("devsignal", ROOT / "results" / "devsignal.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    root, kg, _ = ranked
+    tri, near = np.arange(len(kg.dev)), np.zeros((len(kg.entities), 0), dtype=np.int64)  # strat 0: no hard ones
+    score = lambda triples: torch.from_numpy(((triples[:, 0] * 7 + triples[:, 2] * 5) % 11).astype(np.float32))  # noqa
+    exact_mrr, exact_mr = module.stratified(score, kg, tri, 0, near, 10 ** 6)
+    mr = np.mean([module.stratified(score, kg, tri, seed, near, 3)[1] for seed in range(300)])
+    assert exact_mr > 3 and mr == pytest.approx(exact_mr, rel=0.03)
+    assert module.stratified(score, kg, tri, 0, near, 3)[1] != exact_mr  # a single draw is not the exact rank
