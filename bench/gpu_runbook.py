@@ -60,7 +60,7 @@ def throughput(args, device, left):
                 if left() < 30:
                     return {"rows": rows, "peaks": peaks, "note": "stopped at the call's budget"}
                 if dtype != "fp32" and device.type == "cpu" and not bert.cpu_has_native_bf16():
-                    continue  # emulated: meaningless and ~100x slower
+                    continue  # emulated: meaningless and several times slower
                 scorer = evaluate.Scorer(model, enc, (0, 0, 0), 192, device, dtype.split()[0],
                                          compile=dtype.endswith("compiled"))
                 scorer(triples[: min(n, 2048)])  # warm-up (and the compile)

@@ -14,6 +14,8 @@ all of them and those the exact ranking itself separates (results/paired.py: 95%
 nearest its entity and the N nearest its answer, and its entity itself) is scored and counts once; --sample uniform
 draws from the other candidates each count for (other candidates)/(draws). The estimated rank is unbiased; its
 reciprocal is not, but the top, which MRR weighs most, is counted exactly wherever the hard candidates hold it.
+`typed N` adds a middle stratum, the entities training shows on the query's side of its relation (--range-draws of
+them drawn, each counting for the stratum's size over the draws): the answer's rivals are mostly of its type.
 `self wins`: the share of those dev queries whose own entity outscores the answer ((h, r, h) over (h, r, t) for a
 tail query): where it is large, self-negatives (train.py --negatives h,r,t,2) have something to fix.
 """
@@ -41,10 +43,16 @@ def ranked_prefix(state, T):
     return k, rows, settings
 
 
-def stratified(scorer, kg, tri, seed, near, draws, split="dev"):
-    """(MRR, MR) of the stratified rank estimates of the triples `tri` of a split, as head and as tail (see above)."""
+def stratified(scorer, kg, tri, seed, near, draws, split="dev", range_draws=0):
+    """(MRR, MR) of the stratified rank estimates of the triples `tri` of a split, as head and as tail (see above).
+    range_draws: a middle stratum, the entities training shows on the query's side of its relation (its type, for
+    most FB15k-237 relations), `range_draws` of them drawn, each counting for (stratum)/(drawn)."""
     lpq, rng = data.lp_queries(kg, split), np.random.default_rng(seed)
     cand, batch, parts = lpq.candidates, [], []
+    ranges = {}  # (side, r) -> entities training puts on that side of r
+    for side, col in ((0, 0), (1, 2)):
+        for r in np.unique(kg.train[:, 1]):
+            ranges[side, r] = np.unique(kg.train[kg.train[:, 1] == r, col]) if range_draws else np.zeros(0, np.int64)
     for i in tri:
         for side in (0, 1):  # side 0 asks (?, r, e), side 1 (e, r, ?)
             q = lpq.triple_query[i, side]
@@ -52,18 +60,22 @@ def stratified(scorer, kg, tri, seed, near, draws, split="dev"):
             answer = cand[lpq.target[i, side]]
             known = cand[lpq.filter_pos[lpq.filter_ptr[q]:lpq.filter_ptr[q + 1]]]  # the answer and the other facts
             hard = np.setdiff1d(np.intersect1d(np.union1d(near[[e, answer]].ravel(), [e]), cand), known)
-            rest = np.setdiff1d(cand, np.union1d(hard, known), assume_unique=True)
-            drawn = rng.choice(rest, min(draws, len(rest)), replace=False)
-            c = np.concatenate([[answer], hard, drawn])
+            typed = np.setdiff1d(np.intersect1d(ranges.get((side, r), np.zeros(0, np.int64)), cand),
+                                 np.union1d(hard, known))
+            rest = np.setdiff1d(cand, np.union1d(np.union1d(hard, typed), known), assume_unique=True)
+            strata = [(hard, len(hard)), (typed, range_draws), (rest, draws)]
+            drawn = [rng.choice(pool, min(n, len(pool)), replace=False) for pool, n in strata]
+            c = np.concatenate([[answer], *drawn])
             batch.append(np.stack([c if side == 0 else np.full_like(c, e), np.full_like(c, r),
                                    np.full_like(c, e) if side == 0 else c], 1))
-            parts.append((len(hard), len(drawn), len(rest) / max(1, len(drawn))))
+            parts.append([(len(d), len(pool) / max(1, len(d))) for d, (pool, _) in zip(drawn, strata)])
     scores, at, ranks = scorer(np.concatenate(batch)).float().numpy(), 0, []
-    for n_hard, n_drawn, weight in parts:
-        s = scores[at:at + 1 + n_hard + n_drawn]
-        beats = (s[1:] > s[0]) + 0.5 * (s[1:] == s[0])  # realistic: ties count half
-        ranks.append(1 + beats[:n_hard].sum() + weight * beats[n_hard:].sum())
-        at += len(s)
+    for part in parts:
+        s, at, rank = scores[at:at + 1 + sum(n for n, _ in part)], at + 1 + sum(n for n, _ in part), 1.0
+        beats, lo = (s[1:] > s[0]) + 0.5 * (s[1:] == s[0]), 0  # realistic: ties count half
+        for n, weight in part:
+            rank, lo = rank + weight * beats[lo:lo + n].sum(), lo + n
+        ranks.append(rank)
     return float(np.mean(1 / np.array(ranks))), float(np.mean(ranks))
 
 
@@ -73,6 +85,7 @@ def main():
     ap.add_argument("--data-dir", help="folder of the dataset folders (default $PALT_DATA, else ./data)")
     ap.add_argument("--sample", type=int, default=100, help="random dev candidates, as train.py's --dev-sample")
     ap.add_argument("--near", default="8,32", help="the --dev-near values tried (at most 32)")
+    ap.add_argument("--range-draws", type=int, default=300, help="typed N: draws from the relation's side in train")
     ap.add_argument("--compile", action="store_true", help="as evaluate.py --compile")
     args = ap.parse_args()
     device, dtype = torch.device("cpu"), bert.resolve_dtype("auto", "cpu")
@@ -115,13 +128,17 @@ def main():
         for n in [0] + nears:
             row[f"strat {n}"], row[f"strat {n} MR"] = stratified(scorer, kg, tri, task["seed"], near[:, :n],
                                                                  args.sample, split)
+        for n in (0, max(nears)):
+            row[f"typed {n}"], row[f"typed {n} MR"] = stratified(scorer, kg, tri, task["seed"], near[:, :n],
+                                                                 args.sample, split, args.range_draws)
         triples = getattr(kg, split)[tri]
         answer = scorer(triples).float()
         own = [scorer(triples[:, [0, 1, 0]]).float(), scorer(triples[:, [2, 1, 2]]).float()]  # tail, head
         row["self wins"] = float(torch.cat([o > answer for o in own]).float().mean())
         table.append(row)
         print(json.dumps(row), flush=True)
-    signals = ["random"] + [f"near {n}" for n in nears] + [f"strat {n}" for n in [0] + nears]
+    stratas = [f"strat {n}" for n in [0] + nears] + [f"typed {n}" for n in (0, max(nears))]
+    signals = ["random"] + [f"near {n}" for n in nears] + stratas
     print(f"\n| checkpoint | {split} triples | exact MRR | exact MR | " + " | ".join(f"{s} MRR" for s in signals)
           + " | strat MR | self wins |")
     print("|---" * (6 + len(signals)) + "|")
@@ -139,7 +156,7 @@ def main():
             sure[key].append(lo > 0 or hi < 0)
             print(f"exact: {table[j]['ckpt']} - {table[i]['ckpt']}: {m.upper()} {d:+{f}} [{lo:+{f}}, {hi:+{f}}]"
                   + ("" if sure[key][-1] else " (not separated)"))
-    for s in signals + [f"strat {n} MR" for n in [0] + nears]:
+    for s in signals + [f"{s} MR" for s in stratas]:
         key = "exact MR" if s.endswith("MR") else "exact"
         agree = [np.sign(table[i][key] - table[j][key]) * np.sign(table[i][s] - table[j][s]) for i, j in pairs]
         on_sure = [a for a, ok in zip(agree, sure[key]) if ok]

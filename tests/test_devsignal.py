@@ -52,6 +52,7 @@ def test_a_sample_holding_every_entity_is_the_exact_ranking(ranked):
         assert row["random"] == pytest.approx(row["exact"]) and row["near 3"] == pytest.approx(row["exact"])
         # the stratified estimate: every other candidate drawn, each counting once, is the exact rank
         assert row["strat 0"] == pytest.approx(row["exact"]) and row["strat 3"] == pytest.approx(row["exact"])
+        assert row["typed 0"] == pytest.approx(row["exact"]) and row["typed 3"] == pytest.approx(row["exact"])
         assert row["strat 3 MR"] == pytest.approx(exact["metrics"]["filtered"]["both"]["realistic"]["mr"])
     assert rows[0]["exact"] != rows[1]["exact"]
     assert "random: orders 1 of 1 checkpoint pairs as the exact MRR does, 0 the other way, 0 tied" in r.stdout
@@ -89,4 +90,6 @@ def test_the_stratified_rank_estimate_is_unbiased(ranked):
     exact_mrr, exact_mr = module.stratified(score, kg, tri, 0, near, 10 ** 6)
     mr = np.mean([module.stratified(score, kg, tri, seed, near, 3)[1] for seed in range(300)])
     assert exact_mr > 3 and mr == pytest.approx(exact_mr, rel=0.03)
+    typed = np.mean([module.stratified(score, kg, tri, seed, near, 3, "dev", 2)[1] for seed in range(300)])
+    assert typed == pytest.approx(exact_mr, rel=0.03)  # and with a middle stratum: the relation's side in train
     assert module.stratified(score, kg, tri, 0, near, 3)[1] != exact_mr  # a single draw is not the exact rank
