@@ -86,6 +86,9 @@ def main():
     ap.add_argument("--sample", type=int, default=100, help="random dev candidates, as train.py's --dev-sample")
     ap.add_argument("--near", default="8,32", help="the --dev-near values tried (at most 32)")
     ap.add_argument("--range-draws", type=int, default=300, help="typed N: draws from the relation's side in train")
+    ap.add_argument("--draw-seeds", type=int, default=1, help="strat/typed: the mean of this many seeded draws "
+                    "(seed, seed + 1, ...), with their spread (sd)")
+    ap.add_argument("--strata-only", action="store_true", help="skip train.py's signals (random, near N)")
     ap.add_argument("--compile", action="store_true", help="as evaluate.py --compile")
     args = ap.parse_args()
     device, dtype = torch.device("cpu"), bert.resolve_dtype("auto", "cpu")
@@ -121,16 +124,16 @@ def main():
         row = {"ckpt": files.project_path(ckpt), "split": split, "triples": k, "exact": float(np.mean(1 / r)),
                "exact MR": float(r.mean())}
         limit = k if k < T else None  # rank_split ranks select()'s subset: the same triples
-        row["random"] = evaluate.rank_split(scorer, kg, split, limit, task["seed"], sample=args.sample)["mrr"]
-        for n in nears:
+        if not args.strata_only:  # train.py's signals: a rank among the sample, not an estimate of the exact one
+            row["random"] = evaluate.rank_split(scorer, kg, split, limit, task["seed"], sample=args.sample)["mrr"]
+        for n in [] if args.strata_only else nears:
             row[f"near {n}"] = evaluate.rank_split(scorer, kg, split, limit, task["seed"], sample=args.sample,
                                                    near=near[:, :n])["mrr"]
-        for n in [0] + nears:
-            row[f"strat {n}"], row[f"strat {n} MR"] = stratified(scorer, kg, tri, task["seed"], near[:, :n],
-                                                                 args.sample, split)
-        for n in (0, max(nears)):
-            row[f"typed {n}"], row[f"typed {n} MR"] = stratified(scorer, kg, tri, task["seed"], near[:, :n],
-                                                                 args.sample, split, args.range_draws)
+        for name, n, range_draws in [(f"strat {n}", n, 0) for n in [0] + nears] + [(f"typed {n}", n, args.range_draws)
+                                                                                 for n in (0, max(nears))]:
+            runs = np.array([stratified(scorer, kg, tri, task["seed"] + j, near[:, :n], args.sample, split,
+                                        range_draws) for j in range(args.draw_seeds)])  # (draws, [MRR, MR])
+            row[name], row[f"{name} MR"], row[f"{name} sd"] = *runs.mean(0).tolist(), float(runs[:, 0].std())
         triples = getattr(kg, split)[tri]
         answer = scorer(triples).float()
         own = [scorer(triples[:, [0, 1, 0]]).float(), scorer(triples[:, [2, 1, 2]]).float()]  # tail, head
@@ -138,7 +141,7 @@ def main():
         table.append(row)
         print(json.dumps(row), flush=True)
     stratas = [f"strat {n}" for n in [0] + nears] + [f"typed {n}" for n in (0, max(nears))]
-    signals = ["random"] + [f"near {n}" for n in nears] + stratas
+    signals = ([] if args.strata_only else ["random"] + [f"near {n}" for n in nears]) + stratas
     print(f"\n| checkpoint | {split} triples | exact MRR | exact MR | " + " | ".join(f"{s} MRR" for s in signals)
           + " | strat MR | self wins |")
     print("|---" * (6 + len(signals)) + "|")
