@@ -2,6 +2,7 @@
 
     python evaluate.py --lp --split dev --limit 20 --ckpt CKPT --out results/NAME-dev.json     # exact, resumable
     python results/devsignal.py CKPT=results/NAME-dev.state CKPT2=results/NAME2-dev.state [--near 8,32]
+    python results/devsignal.py ... --strata-only --near 32 --draw-seeds 3    # the estimates' spread over draws
 
 For every checkpoint (all on one dataset), on the triples every state ranked on both sides (their filtered realistic
 ranks against every entity; dev, or test states of one split), this prints the exact MRR and MR beside train.py's
@@ -15,7 +16,8 @@ nearest its entity and the N nearest its answer, and its entity itself) is score
 draws from the other candidates each count for (other candidates)/(draws). The estimated rank is unbiased; its
 reciprocal is not, but the top, which MRR weighs most, is counted exactly wherever the hard candidates hold it.
 `typed N` adds a middle stratum, the entities training shows on the query's side of its relation (--range-draws of
-them drawn, each counting for the stratum's size over the draws): the answer's rivals are mostly of its type.
+them drawn, each counting for the stratum's size over the draws): the answer's rivals are mostly of its type
+(on FB15k-237; on WN18RR they are its neighbours: RESULTS.md).
 `self wins`: the share of those dev queries whose own entity outscores the answer ((h, r, h) over (h, r, t) for a
 tail query): where it is large, self-negatives (train.py --negatives h,r,t,2) have something to fix.
 """
