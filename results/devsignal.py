@@ -51,10 +51,8 @@ def stratified(scorer, kg, tri, seed, near, draws, split="dev", range_draws=0):
     most FB15k-237 relations), `range_draws` of them drawn, each counting for (stratum)/(drawn)."""
     lpq, rng = data.lp_queries(kg, split), np.random.default_rng(seed)
     cand, batch, parts = lpq.candidates, [], []
-    ranges = {}  # (side, r) -> entities training puts on that side of r
-    for side, col in ((0, 0), (1, 2)):
-        for r in np.unique(kg.train[:, 1]):
-            ranges[side, r] = np.unique(kg.train[kg.train[:, 1] == r, col]) if range_draws else np.zeros(0, np.int64)
+    ranges = {(side, r): np.unique(kg.train[kg.train[:, 1] == r, col])  # entities training puts on that side of r
+              for side, col in ((0, 0), (1, 2)) for r in np.unique(kg.train[:, 1])} if range_draws else {}
     for i in tri:
         for side in (0, 1):  # side 0 asks (?, r, e), side 1 (e, r, ?)
             q = lpq.triple_query[i, side]
