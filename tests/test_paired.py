@@ -34,3 +34,16 @@ def test_states_of_different_tasks_are_refused(tmp_path):
     b = state(tmp_path / "b", {0: (1, 2)}, seed=1)
     r = subprocess.run([sys.executable, str(ROOT / "results" / "paired.py"), str(a), str(b)], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip() == "error: the states differ in seed (0 vs 1): not the same ranking task"
+
+
+def test_other_entity_texts_rank_the_same_triples(tmp_path):
+    """Names vs descriptions: the fingerprint covers the text file, so it differs; the triples are the same task."""
+    run = lambda a, b: subprocess.run([sys.executable, str(ROOT / "results" / "paired.py"), str(a), str(b)],
+                                      capture_output=True, text=True)
+    a = state(tmp_path / "a", {0: (1, 2)}, data_fingerprint="f1", text="name")
+    b = state(tmp_path / "b", {0: (1, 1)}, data_fingerprint="f2", text="description")
+    c = state(tmp_path / "c", {0: (1, 1)}, data_fingerprint="f2", text="name")
+    r = run(a, b)
+    assert r.returncode == 0 and "entity texts differ (name vs description)" in r.stdout and "| tail | mrr | 0.500 | 1.000 |" in r.stdout
+    r = run(a, c)  # the same text read from other files: other triples, refused
+    assert r.returncode == 1 and "differ in data_fingerprint (f1 vs f2)" in r.stderr
