@@ -16,10 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import bert
-import data
-import files
-import palt
+import bert, data, files, palt
 
 KS = (1, 3, 10)  # Hits@k
 ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False, finetune=False)
@@ -650,7 +647,8 @@ def main(argv=None):
                         max_seq_length=info["max_seq_length"], candidates=run.candidates, limit=run.limit,
                         seed=run.seed, tokens=scorer.tokens, world_size=world, device=str(device), dtype=dtype,
                         padded_per_real_token=round(scorer.n_padded / scorer.n_tokens, 4) if scorer.n_tokens else None)
-        result = dict(data=kg.name, model=info["model"], ckpt=info["ckpt"], weights_sha256=info["weights_sha256"],
+        result = dict(command=" ".join(["python evaluate.py", *map(str, argv or sys.argv[1:])]), data=kg.name,
+                      model=info["model"], ckpt=info["ckpt"], weights_sha256=info["weights_sha256"],
                       data_fingerprint=kg.fingerprint, **result, wall_s=round(time.time() - t0, 2),
                       train=train_summary(meta), settings=settings)
         row = [kg.name + (" (estimate)" if result["estimate"] else ""), info["model"], info["ckpt"] or "zero-shot"]

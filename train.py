@@ -377,7 +377,7 @@ def resume(saved, meta, path, model, opt, params):
     for name, p in params.items():
         if f"step.{name}" in tensors:
             moments = {k: tensors[f"{k}.{name}"].to(p.device) for k in ("exp_avg", "exp_avg_sq")}
-            # fused AdamW (GPU) keeps its step count on the parameter's device, the others on the CPU
+            # fused AdamW (on GPU) keeps its step count on the parameter's device, the others on the CPU
             step = tensors[f"step.{name}"].reshape(()).to(p.device if opt.defaults.get("fused") else "cpu")
             opt.state[p] = {"step": step, **moments}
     return {k: saved[k] for k in history}
