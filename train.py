@@ -63,7 +63,7 @@ class Run:
     dev_limit: int | None = None  # link prediction: dev triples ranked after each epoch (a seeded sample)
     dev_sample: int | None = None  # ... against a seeded sample of this many entities, not all
     dev_every: int | None = None  # also every this many steps: a dev point and a resume state inside long epochs
-    dev_near: int | None = None  # ... the sample also holds the N entities nearest each dev query's entity
+    dev_near: int | None = None  # ... or estimate the exact ranks: N nearest scored, dev_sample draws for the rest
     hard_negatives: float = 0.0  # the share of entity corruptions drawn from the replaced entity's NEAR nearest
     warmup: float = 0.1
     weight_decay: float = 0.01
@@ -110,7 +110,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bf16 on GPU and CPUs with native bf16")
     ap.add_argument("--dev-limit", type=int, help="link prediction: dev triples ranked after every epoch")
     ap.add_argument("--dev-sample", type=int, help="... against a seeded sample of N entities (and the answers)")
-    ap.add_argument("--dev-near", type=int, help="... and the N entities nearest each dev query's entity")
+    ap.add_argument("--dev-near", type=int, help="... or estimate the exact MRR: N nearest scored, the rest drawn")
     ap.add_argument("--hard-negatives", type=float, default=0.0, help="share (0-1) of corruptions by nearest entities")
     ap.add_argument("--dev-every", type=int, help="also a dev point and a resume state every N steps")
     for f in ("max_seq_length", "warmup", "weight_decay", "grad_clip", "seed", "log_every"):  # Run's defaults
@@ -385,7 +385,7 @@ def resume(saved, meta, path, model, opt, params):
 
 def dev_metric(model, kg, enc, run, device, dtype, near=None):
     """(metric, its log line): accuracy at the threshold tuned on dev itself (an upper estimate), or the filtered MRR
-    of the same seeded dev_limit dev triples every epoch, against all entities or a seeded sample of dev_sample."""
+    of the same seeded dev_limit dev triples every epoch, against all entities, a sample, or estimated (dev_near)."""
     import evaluate
     scorer = evaluate.Scorer(model, enc, run.prompts, run.max_seq_length, device, dtype)
     if kg.task == "tc":
@@ -395,9 +395,10 @@ def dev_metric(model, kg, enc, run, device, dtype, near=None):
                             near=near[:, :run.dev_near] if run.dev_near else None)
     dev = {"metric": "mrr", "value": m["mrr"], "mr": m["mr"], "hits@10": m["hits@10"],
            "triples": min(run.dev_limit or len(kg.dev), len(kg.dev)), "candidates": m["candidates"],
-           "sampled": bool(run.dev_sample and m["candidates"] < len(kg.split_entities))}
+           "sampled": bool(run.dev_sample and m["candidates"] < len(kg.split_entities)), "estimate": bool(run.dev_near)}
     return dev, (f"mrr {m['mrr']:.4f}, MR {m['mr']:.2f}, Hits@10 {m['hits@10']:.4f} on {dev['triples']} dev triples "
-                 f"against {m['candidates']:,} {'sampled ' * dev['sampled']}candidates")
+                 + (f"(stratified estimate, {m['candidates']:,} candidates scored a query)" if run.dev_near else
+                    f"against {m['candidates']:,} {'sampled ' * dev['sampled']}candidates"))
 
 
 if __name__ == "__main__":

@@ -5,13 +5,12 @@
     python results/devsignal.py ... --strata-only --near 32 --draw-seeds 3    # the estimates' spread over draws
 
 For every checkpoint (all on one dataset), on the triples every state ranked on both sides (their filtered realistic
-ranks against every entity; dev, or test states of one split), this prints the exact MRR and MR beside train.py's
-sampled dev signals on the same triples:
-`random` (the triples' own entities plus --sample seeded random ones, train.py's --dev-sample) and `near N` (those,
-plus the N entities nearest each query's entity by the frozen encoder, train.py's --dev-near N). A signal is good
-where it orders the checkpoints as the exact MRR does: the last lines count the pairs each signal orders the same way,
+ranks against every entity; dev, or test states of one split), this prints the exact MRR and MR beside cheap dev
+signals on the same triples: `random` (ranks among the triples' own entities plus --sample seeded random ones,
+train.py's --dev-sample; until stop 39 `near N` too, that sample plus the N entities nearest each query's entity,
+which ordered checkpoints worse: RESULTS.md) and the stratified estimates below. A signal is good where it orders the checkpoints as the exact MRR does: the last lines count the pairs each signal orders the same way,
 all of them and those the exact ranking itself separates (results/paired.py: 95% paired bootstrap excludes 0).
-`strat N` estimates the exact ranks instead of ranking within a sample: per query, every hard candidate (the N entities
+`strat N` (train.py --dev-near N) estimates the exact ranks instead of ranking within a sample: per query, every hard candidate (the N entities
 nearest its entity and the N nearest its answer, and its entity itself) is scored and counts once; --sample uniform
 draws from the other candidates each count for (other candidates)/(draws). The estimated rank is unbiased; its
 reciprocal is not, but the top, which MRR weighs most, is counted exactly wherever the hard candidates hold it.
@@ -46,37 +45,14 @@ def ranked_prefix(state, T):
 
 
 def stratified(scorer, kg, tri, seed, near, draws, split="dev", range_draws=0):
-    """(MRR, MR) of the stratified rank estimates of the triples `tri` of a split, as head and as tail (see above).
-    range_draws: a middle stratum, the entities training shows on the query's side of its relation (its type, for
-    most FB15k-237 relations), `range_draws` of them drawn, each counting for (stratum)/(drawn)."""
-    lpq, rng = data.lp_queries(kg, split), np.random.default_rng(seed)
-    cand, batch, parts = lpq.candidates, [], []
+    """(MRR, MR) of the stratified rank estimates of the triples `tri` of a split (evaluate.stratified_ranks, which
+    train.py --dev-near reports). range_draws: a middle stratum, the entities training shows on the query's side of
+    its relation (its type, for most FB15k-237 relations), `range_draws` of them drawn."""
     ranges = {(side, r): np.unique(kg.train[kg.train[:, 1] == r, col])  # entities training puts on that side of r
               for side, col in ((0, 0), (1, 2)) for r in np.unique(kg.train[:, 1])} if range_draws else {}
-    for i in tri:
-        for side in (0, 1):  # side 0 asks (?, r, e), side 1 (e, r, ?)
-            q = lpq.triple_query[i, side]
-            _, r, e = lpq.queries[q]
-            answer = cand[lpq.target[i, side]]
-            known = cand[lpq.filter_pos[lpq.filter_ptr[q]:lpq.filter_ptr[q + 1]]]  # the answer and the other facts
-            hard = np.setdiff1d(np.intersect1d(np.union1d(near[[e, answer]].ravel(), [e]), cand), known)
-            typed = np.setdiff1d(np.intersect1d(ranges.get((side, r), np.zeros(0, np.int64)), cand),
-                                 np.union1d(hard, known))
-            rest = np.setdiff1d(cand, np.union1d(np.union1d(hard, typed), known), assume_unique=True)
-            strata = [(hard, len(hard)), (typed, range_draws), (rest, draws)]
-            drawn = [rng.choice(pool, min(n, len(pool)), replace=False) for pool, n in strata]
-            c = np.concatenate([[answer], *drawn])
-            batch.append(np.stack([c if side == 0 else np.full_like(c, e), np.full_like(c, r),
-                                   np.full_like(c, e) if side == 0 else c], 1))
-            parts.append([(len(d), len(pool) / max(1, len(d))) for d, (pool, _) in zip(drawn, strata)])
-    scores, at, ranks = scorer(np.concatenate(batch)).float().numpy(), 0, []
-    for part in parts:
-        s, at, rank = scores[at:at + 1 + sum(n for n, _ in part)], at + 1 + sum(n for n, _ in part), 1.0
-        beats, lo = (s[1:] > s[0]) + 0.5 * (s[1:] == s[0]), 0  # realistic: ties count half
-        for n, weight in part:
-            rank, lo = rank + weight * beats[lo:lo + n].sum(), lo + n
-        ranks.append(rank)
-    return float(np.mean(1 / np.array(ranks))), float(np.mean(ranks))
+    middle = (lambda side, r: (ranges.get((side, r), np.zeros(0, np.int64)), range_draws)) if range_draws else None
+    ranks, _ = evaluate.stratified_ranks(scorer, data.lp_queries(kg, split), tri, seed, near, draws, middle)
+    return float(np.mean(1 / ranks)), float(np.mean(ranks))
 
 
 def main():
@@ -84,11 +60,11 @@ def main():
     ap.add_argument("pairs", nargs="+", metavar="CKPT=STATE", help="a checkpoint and its exact dev ranking state")
     ap.add_argument("--data-dir", help="folder of the dataset folders (default $PALT_DATA, else ./data)")
     ap.add_argument("--sample", type=int, default=100, help="random dev candidates, as train.py's --dev-sample")
-    ap.add_argument("--near", default="8,32", help="the --dev-near values tried (at most 32)")
+    ap.add_argument("--near", default="8,32", help="the strat N values tried, as train.py's --dev-near (at most 32)")
     ap.add_argument("--range-draws", type=int, default=300, help="typed N: draws from the relation's side in train")
     ap.add_argument("--draw-seeds", type=int, default=1, help="strat/typed: the mean of this many seeded draws "
                     "(seed, seed + 1, ...), with their spread (sd)")
-    ap.add_argument("--strata-only", action="store_true", help="skip train.py's signals (random, near N)")
+    ap.add_argument("--strata-only", action="store_true", help="skip train.py's --dev-sample signal (random)")
     ap.add_argument("--compile", action="store_true", help="as evaluate.py --compile")
     args = ap.parse_args()
     device, dtype = torch.device("cpu"), bert.resolve_dtype("auto", "cpu")
@@ -126,9 +102,6 @@ def main():
         limit = k if k < T else None  # rank_split ranks select()'s subset: the same triples
         if not args.strata_only:  # train.py's signals: a rank among the sample, not an estimate of the exact one
             row["random"] = evaluate.rank_split(scorer, kg, split, limit, task["seed"], sample=args.sample)["mrr"]
-        for n in [] if args.strata_only else nears:
-            row[f"near {n}"] = evaluate.rank_split(scorer, kg, split, limit, task["seed"], sample=args.sample,
-                                                   near=near[:, :n])["mrr"]
         for name, n, range_draws in [(f"strat {n}", n, 0) for n in [0] + nears] + [(f"typed {n}", n, args.range_draws)
                                                                                  for n in (0, max(nears))]:
             runs = np.array([stratified(scorer, kg, tri, task["seed"] + j, near[:, :n], args.sample, split,
@@ -141,7 +114,7 @@ def main():
         table.append(row)
         print(json.dumps(row), flush=True)
     stratas = [f"strat {n}" for n in [0] + nears] + [f"typed {n}" for n in (0, max(nears))]
-    signals = ([] if args.strata_only else ["random"] + [f"near {n}" for n in nears]) + stratas
+    signals = ([] if args.strata_only else ["random"]) + stratas
     print(f"\n| checkpoint | {split} triples | exact MRR | exact MR | " + " | ".join(f"{s} MRR" for s in signals)
           + " | strat MR | self wins |")
     print("|---" * (6 + len(signals)) + "|")

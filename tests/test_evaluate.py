@@ -134,6 +134,25 @@ def test_filtered_and_raw_ranks_on_a_graph_where_they_differ(lp_root, candidates
             differ += want[:2] != want[2:]
     assert differ >= 3  # the graph was chosen so that filtering matters
 
+
+def test_the_stratified_estimate_is_the_exact_rank_when_it_draws_everything_and_unbiased_when_it_draws_few(lp_root):
+    """train.py --dev-near: the hard stratum is scored whole and counts once; each draw from the rest counts for
+    (rest)/(draws). Drawing all of the rest gives the exact filtered realistic ranks (ties half); drawing 2, their
+    mean over seeds; the hard stratum (some entities 'near' each one) never changes what is estimated."""
+    kg = data.load_kg("umls", lp_root)
+    lpq = data.lp_queries(kg, "test")
+    table = np.random.default_rng(2).integers(0, 4, size=(10, 2, 10)).astype(np.float32)  # score of (h, r, t), ties
+    score = lambda t: torch.from_numpy(table[t[:, 0], t[:, 1], t[:, 2]])
+    tri = np.arange(len(kg.test))
+    rows = np.concatenate([r for _, r in evaluate.rank_queries(score, lpq, tri, np.arange(len(lpq.queries)), block=3)])
+    exact = {(int(r[0]), int(r[1])): (r[2] + r[3]) / 2 for r in rows}
+    want = np.array([exact[i, side] for i in tri for side in (0, 1)])
+    for near in (np.zeros((len(kg.entities), 0), np.int64), np.random.default_rng(0).integers(0, 10, (10, 2))):
+        ranks, scored = evaluate.stratified_ranks(score, lpq, tri, 0, near, 100)
+        assert np.array_equal(ranks, want) and scored <= len(lpq.candidates)
+        mean = np.mean([evaluate.stratified_ranks(score, lpq, tri, s, near, 2)[0] for s in range(400)], 0)
+        assert np.allclose(mean, want, atol=0.25) and want.max() > 2
+
 # ----------------------------------------------------------------------------- the command line, end to end
 
 
