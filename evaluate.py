@@ -245,12 +245,12 @@ def select(T, limit, seed, ordered=False):
 def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
     """Filtered realistic mr, mrr, hits@k of a split (or a seeded `limit` of its triples) in one process, for train.py's
     dev report. sample: rank against that many seeded entities plus the triples' own, not all: cheap, and it flatters.
-    near (E, n): estimate the exact ranks instead (stratified_ranks, `sample` draws): cheap too, and unbiased."""
+    near (E, n) with a sample: estimate the exact ranks instead (stratified_ranks, `sample` draws), also unbiased."""
     lpq = data.lp_queries(kg, split)
     tri = select(len(lpq.target), limit, seed)
-    if near is not None:
-        r, scored = stratified_ranks(scorer, lpq, tri, seed, near, sample or 100)
-        return {"mr": float(r.mean()), "mrr": float(np.mean(1 / r)), "candidates": scored,
+    if sample and sample < len(lpq.candidates) and near is not None:
+        r, scored = stratified_ranks(scorer, lpq, tri, seed, near, sample)
+        return {"mr": float(r.mean()), "mrr": float(np.mean(1 / r)), "candidates": scored, "estimate": True,
                 **{f"hits@{k}": float(np.mean(r <= k)) for k in KS}}
     if sample and sample < len(lpq.candidates):
         picked = np.union1d(np.random.default_rng(seed).choice(lpq.candidates, sample, replace=False),

@@ -63,7 +63,7 @@ class Run:
     dev_limit: int | None = None  # link prediction: dev triples ranked after each epoch (a seeded sample)
     dev_sample: int | None = None  # ... against a seeded sample of this many entities, not all
     dev_every: int | None = None  # also every this many steps: a dev point and a resume state inside long epochs
-    dev_near: int | None = None  # ... or estimate the exact ranks: N nearest scored, dev_sample draws for the rest
+    dev_near: int | None = None  # ... or estimate the exact ranks from it: N nearest scored, dev_sample draws
     hard_negatives: float = 0.0  # the share of entity corruptions drawn from the replaced entity's NEAR nearest
     warmup: float = 0.1
     weight_decay: float = 0.01
@@ -134,6 +134,8 @@ def parse_args(argv=None):
     for k, what in (("hard_negatives", "a share of the entity corruptions"), ("warmup", "a fraction of the steps")):
         if getattr(run, k) > 1:
             ap.error(f"--{k.replace('_', '-')} is {what}, at most 1, not {getattr(run, k)}")
+    if (run.dev_near or 0) > NEAR:
+        ap.error(f"--dev-near: at most {NEAR} (the nearest entities found once per run), not {run.dev_near}")
     if sum(run.negatives) == 0:
         ap.error("--negatives 0,0,0 leaves no false triples to learn from: give at least one corruption per positive")
     if run.negatives[3:] > (2,):
@@ -395,9 +397,9 @@ def dev_metric(model, kg, enc, run, device, dtype, near=None):
                             near=near[:, :run.dev_near] if run.dev_near else None)
     dev = {"metric": "mrr", "value": m["mrr"], "mr": m["mr"], "hits@10": m["hits@10"],
            "triples": min(run.dev_limit or len(kg.dev), len(kg.dev)), "candidates": m["candidates"],
-           "sampled": bool(run.dev_sample and m["candidates"] < len(kg.split_entities)), "estimate": bool(run.dev_near)}
+           "sampled": bool(run.dev_sample and m["candidates"] < len(kg.split_entities)), "estimate": "estimate" in m}
     return dev, (f"mrr {m['mrr']:.4f}, MR {m['mr']:.2f}, Hits@10 {m['hits@10']:.4f} on {dev['triples']} dev triples "
-                 + (f"(stratified estimate, {m['candidates']:,} candidates scored a query)" if run.dev_near else
+                 + (f"(stratified estimate, {m['candidates']:,} candidates scored a query)" if dev["estimate"] else
                     f"against {m['candidates']:,} {'sampled ' * dev['sampled']}candidates"))
 
 

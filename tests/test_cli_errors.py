@@ -226,6 +226,8 @@ CASES = [
       ("--negatives 0,0,0",), ARGPARSE),
     C("train-negatives-self-3", "three self-negatives: there are two, (h, r, h) and (t, r, t)", train("--negatives", "1,0,1,3"),
       ("--negatives", "at most 2 self-negatives"), ARGPARSE),
+    C("train-dev-near-50", "more near entities than a run finds (32)", train("--dev-near", "50"),
+      ("--dev-near", "at most 32"), ARGPARSE),
     C("train-lr-negative", "negative learning rate", train("--lr", "-1"), ("--lr",), ARGPARSE),
     C("train-lr-0", "zero learning rate", train("--lr", "0"), ("--lr",), ARGPARSE),
     C("train-lr-inf", "infinite learning rate (would train to NaN)", train("--lr", "inf"), ("--lr", "finite"), ARGPARSE),
