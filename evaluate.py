@@ -281,7 +281,8 @@ def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None):
         parts.append([(len(d), len(s) / max(1, len(d))) for d, (s, _) in zip(drawn, strata)])
     scores, at, ranks = scorer(np.concatenate(batch)).float().numpy(), 0, []
     for part in parts:  # per query: the answer's score, then each stratum's candidates
-        s, at = scores[at:at + 1 + sum(k for k, _ in part)], at + 1 + sum(k for k, _ in part)
+        width = 1 + sum(k for k, _ in part)
+        s, at = scores[at:at + width], at + width
         beats, ends = (s[1:] > s[0]) + 0.5 * (s[1:] == s[0]), np.cumsum([k for k, _ in part])  # ties count half
         ranks.append(1 + sum(w * beats[end - k:end].sum() for (k, w), end in zip(part, ends)))
     return np.array(ranks), round(len(scores) / max(1, len(parts)))
