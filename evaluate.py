@@ -131,6 +131,10 @@ class Scorer:
             i += len(idx)
         return out
 
+    def numpy(self, triples):
+        """The scores as a float32 numpy array: the one place they leave the device (a CUDA tensor has no .numpy())."""
+        return self(triples).cpu().numpy()
+
 
 class Progress:
     """done/total, rate and ETA on stderr, a line a minute; `whole` (units in the whole split) adds its time, once."""
@@ -279,7 +283,7 @@ def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None):
         c = np.concatenate([[answer], *drawn])
         batch.append(np.stack([c, np.full_like(c, r), np.full_like(c, e)][::1 if side == 0 else -1], 1))
         parts.append([(len(d), len(s) / max(1, len(d))) for d, (s, _) in zip(drawn, strata)])
-    scores, at, ranks = scorer(np.concatenate(batch)).float().numpy(), 0, []
+    scores, at, ranks = scorer.numpy(np.concatenate(batch)), 0, []
     for part in parts:  # per query: the answer's score, then each stratum's candidates
         width = 1 + sum(k for k, _ in part)
         s, at = scores[at:at + width], at + width
@@ -469,7 +473,7 @@ def predict(run, scorer, kg, tokenizer):
     for e, r, side in resolved:
         fixed, rel = np.full(len(cand), e), np.full(len(cand), r)
         triples = np.stack([fixed, rel, cand] if side else [cand, rel, fixed], 1)
-        s = scorer(triples).cpu().numpy()
+        s = scorer.numpy(triples)
         top = np.argsort(-s, kind="stable")[:run.topk]
         known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact
         q = f"({text(e)}, {kg.rel_text[r]}, ?)" if side else f"(?, {kg.rel_text[r]}, {text(e)})"

@@ -1,5 +1,7 @@
-"""Shared helpers: a tiny BERT checkpoint in Hugging Face's layout, written by the tests themselves."""
-import json, random, re
+"""Shared helpers: a tiny BERT checkpoint in Hugging Face's layout, written by the tests themselves; --device."""
+import json, os, random, re
+import numpy as np
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -62,3 +64,35 @@ def write_tiny_kg(root, folder="umls", n_ent=24, n_rel=3, seed=0):
     (d / text_file).write_text("".join(f"{e}\tw{i} w{(3 * i) % n_ent}\n" for i, e in enumerate(ent)))
     (d / "relation2text.txt").write_text("".join(f"r{r}\trel{r}\n" for r in range(n_rel)))
     return [f"w{i}" for i in range(n_ent)] + [f"rel{r}" for r in range(n_rel)]
+
+
+class FnScorer:
+    """evaluate.Scorer's interface over a function of (N, 3) int triples -> (N,) float32 numpy scores."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, triples):
+        return torch.from_numpy(self.fn(np.asarray(triples)))
+
+    def numpy(self, triples):
+        return self(triples).numpy()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", choices=("cpu", "cuda"), help="where train.py, evaluate.py and the Scorer tests run "
+                     "(default: as train.py and evaluate.py choose, CUDA where there is one)")
+
+
+def pytest_configure(config):
+    choice = config.getoption("--device")
+    if choice == "cpu":  # before anything asks CUDA: train.py and evaluate.py (and their subprocesses) see no GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: torch sees no CUDA device here")
+
+
+@pytest.fixture(scope="session")
+def device():
+    """The device train.py and evaluate.py pick (palt.init_distributed), for tests that build a Scorer themselves."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -9,6 +9,7 @@ import data
 import evaluate
 import hub
 from evaluate import best_threshold, query_ranks, rank_metrics
+from conftest import FnScorer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +143,7 @@ def test_the_stratified_estimate_is_the_exact_rank_when_it_draws_everything_and_
     kg = data.load_kg("umls", lp_root)
     lpq = data.lp_queries(kg, "test")
     table = np.random.default_rng(2).integers(0, 4, size=(10, 2, 10)).astype(np.float32)  # score of (h, r, t), ties
-    score = lambda t: torch.from_numpy(table[t[:, 0], t[:, 1], t[:, 2]])
+    score = FnScorer(lambda t: table[t[:, 0], t[:, 1], t[:, 2]])
     tri = np.arange(len(kg.test))
     rows = np.concatenate([r for _, r in evaluate.rank_queries(score, lpq, tri, np.arange(len(lpq.queries)), block=3)])
     exact = {(int(r[0]), int(r[1])): (r[2] + r[3]) / 2 for r in rows}
@@ -283,13 +284,13 @@ def trained(tiny_bert, lp_root, tmp_path_factory):
     return path, model.eval(), kg, data.encode(kg, loaded.tokenizer)
 
 
-def test_scorer_batches_give_each_triple_its_own_score(trained):
+def test_scorer_batches_give_each_triple_its_own_score(trained, device):
     _, model, kg, enc = trained
     triples = np.array([(h, r, t) for h in range(10) for r in range(2) for t in range(0, 10, 3)])
     lengths = data.seq_lengths(enc, triples, (2, 1, 1), 12)
     assert len(set(lengths)) > 1  # rows of several lengths, so sorting and padding are exercised
-    batched = evaluate.Scorer(model, enc, (2, 1, 1), 12, "cpu", tokens=40)(triples)
-    alone = torch.cat([evaluate.Scorer(model, enc, (2, 1, 1), 12, "cpu", tokens=40)(t[None]) for t in triples])
+    batched = evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device, tokens=40)(triples)
+    alone = torch.cat([evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device, tokens=40)(t[None]) for t in triples])
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
 
 
@@ -306,7 +307,7 @@ def long_rows(tiny_bert, lp_root):
     return model.eval(), data.encode(kg, loaded.tokenizer), triples
 
 
-def test_scorer_pads_and_masks_mixed_lengths_and_runs_one_length_unmasked(long_rows):
+def test_scorer_pads_and_masks_mixed_lengths_and_runs_one_length_unmasked(long_rows, device):
     model, enc, pool = long_rows
     lengths = data.seq_lengths(enc, pool, (8, 4, 4), 64)
     count = np.bincount(lengths)
@@ -316,10 +317,10 @@ def test_scorer_pads_and_masks_mixed_lengths_and_runs_one_length_unmasked(long_r
     triples = np.concatenate([pool[lengths == L][:n], pool[lengths == L - 1][:n]])
     # budget 2nL: the n rows of length L fill half of it, a batch alone; 2(n+1)L: they do not, a batch takes both
     for tokens, mixed in ((2 * n * L, False), (2 * (n + 1) * L, True)):
-        scorer, unmasked = evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu", tokens=int(tokens)), []
+        scorer, unmasked = evaluate.Scorer(model.to(device), enc, (8, 4, 4), 64, device, tokens=int(tokens)), []
         scorer.forward = lambda **b: unmasked.append(b["attention_mask"] is None) or model(**b)
         batched = scorer(triples)
-        alone = torch.cat([evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu")(t[None]) for t in triples])
+        alone = torch.cat([evaluate.Scorer(model.to(device), enc, (8, 4, 4), 64, device)(t[None]) for t in triples])
         torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
         # padding and a mask exactly where a batch mixes lengths; no mask where every row is real to the end
         assert (scorer.n_padded > scorer.n_tokens, unmasked) == ((True, [False]) if mixed else (False, [True, True]))
@@ -327,14 +328,15 @@ def test_scorer_pads_and_masks_mixed_lengths_and_runs_one_length_unmasked(long_r
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="torch.compile on CPU needs g++")
-def test_compiled_scorer_gives_the_eager_scores(long_rows):
+def test_compiled_scorer_gives_the_eager_scores(long_rows, device):
     model, enc, triples = long_rows  # torch.compile: tens of seconds, once; any batch shape after it (dynamic)
-    eager = evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu", tokens=200)(triples)
-    compiled = evaluate.Scorer(model, enc, (8, 4, 4), 64, "cpu", tokens=200, compile=True)
+    eager = evaluate.Scorer(model.to(device), enc, (8, 4, 4), 64, device, tokens=200)(triples)
+    compiled = evaluate.Scorer(model.to(device), enc, (8, 4, 4), 64, device, tokens=200, compile=True)
     torch.testing.assert_close(compiled(triples), eager, atol=1e-4, rtol=0)
     torch.testing.assert_close(compiled(triples[::7]), eager[::7], atol=1e-4, rtol=0)  # other shapes, no error
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, --compile needs no C++ compiler")
 def test_compile_without_a_cpu_compiler_is_one_line_before_the_model_loads(trained, lp_root, tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
     monkeypatch.setattr(evaluate, "load_model", lambda *a: pytest.fail("the model loaded"))
@@ -344,12 +346,12 @@ def test_compile_without_a_cpu_compiler_is_one_line_before_the_model_loads(train
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def test_lp_from_a_checkpoint_matches_the_library_call(trained, lp_root, tmp_path, capsys):
+def test_lp_from_a_checkpoint_matches_the_library_call(trained, lp_root, tmp_path, capsys, device):
     path, model, kg, enc = trained
     got = run_cli("--lp", "--data", "umls", "--data-dir", lp_root, "--ckpt", path, "--out", tmp_path / "r.json", "--raw",
                   "--dtype", "fp32")  # the library call scores in fp32; auto is bf16 on CPUs with native bf16
     assert got["settings"]["prompts"] == [2, 1, 1] and got["data_fingerprint"] == kg.fingerprint
-    want = evaluate.rank_split(evaluate.Scorer(model, enc, (2, 1, 1), 12), kg, "test")
+    want = evaluate.rank_split(evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device), kg, "test")
     assert got["metrics"]["filtered"]["both"]["realistic"] | {"candidates": got["counts"]["candidates"]} == pytest.approx(want)
     assert "raw, realistic ranks" in capsys.readouterr().out
     # a limited run is labelled an estimate
@@ -364,26 +366,26 @@ def test_lp_from_a_checkpoint_matches_the_library_call(trained, lp_root, tmp_pat
     assert f"| {r['mrr']:.4f} [{ci['mrr'][0]:.4f}, {ci['mrr'][1]:.4f}] |" in out  # the markdown row too
 
 
-def test_predict_lists_the_top_completions(trained, lp_root, capsys):
+def test_predict_lists_the_top_completions(trained, lp_root, capsys, device):
     path, model, kg, enc = trained
     evaluate.main(["--predict", "--data", "umls", "--data-dir", str(lp_root), "--ckpt", str(path), "APPLE", "part of",
                    "--topk", "4", "--dtype", "fp32"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("(apple, part of, ?) over 10 candidates") and len(lines) == 5
-    s = evaluate.Scorer(model, enc, (2, 1, 1), 12)([(0, 0, t) for t in range(10)]).numpy()
+    s = evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device).numpy([(0, 0, t) for t in range(10)])
     top = [int(line.split()[-2][1:]) for line in lines[1:]]  # the entity id column: e<i>
     assert top == list(np.argsort(-s, kind="stable")[:4])
     assert all(("*" in line) == ((0, 0, t) in TRAIN + DEV + TEST) for line, t in zip(lines[1:], top))
 
 
-def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp_root, tmp_path, capsys):
+def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp_root, tmp_path, capsys, device):
     """'?' RELATION TAIL ranks heads; a file of queries gives a TSV of the top-k; text:... is an entity that is not
     in the graph, scored by its text exactly as a graph entity with that text is."""
     path, model, kg, enc = trained
     base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--topk", "3", "--dtype", "fp32"]
     evaluate.main(base + ["?", "part of", "stone"])
     lines = capsys.readouterr().out.splitlines()
-    s = evaluate.Scorer(model, enc, (2, 1, 1), 12)([(h, 0, 2) for h in range(10)]).numpy()
+    s = evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device).numpy([(h, 0, 2) for h in range(10)])
     assert lines[0].startswith("(?, part of, stone) over 10 candidates")
     assert [int(re.search(r" e(\d+) ", line)[1]) for line in lines[1:]] == list(np.argsort(-s, kind="stable")[:3])
     (tmp_path / "q.tsv").write_text("apple\tpart of\t?\n\n?\tr1\te6\ntext:stone\tpart of\n")
@@ -400,7 +402,7 @@ def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp
     assert all(byid[e] == pytest.approx(v, abs=1e-5) for e, v in graph.items() if e in [r[2] for r in rows[7:]])
 
 
-def test_triple_classification(tiny_bert, tmp_path, capsys):
+def test_triple_classification(tiny_bert, tmp_path, capsys, device):
     rng = np.random.default_rng(3)
     dev, test = rng.integers(0, 10, size=(40, 3)) % [10, 2, 10], rng.integers(0, 10, size=(30, 3)) % [10, 2, 10]
     labels = rng.random(40) < 0.5, rng.random(30) < 0.5
@@ -411,7 +413,8 @@ def test_triple_classification(tiny_bert, tmp_path, capsys):
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(**evaluate.ZERO_SHOT))
     kg = data.load_kg("wn11", root)
     enc = data.encode(kg, loaded.tokenizer)
-    s_dev, s_test = (evaluate.Scorer(model, enc, (0, 0, 0), 192)(t).numpy() for t in (kg.dev, kg.test))
+    scorer = evaluate.Scorer(model.to(device), enc, (0, 0, 0), 192, device)
+    s_dev, s_test = scorer.numpy(kg.dev), scorer.numpy(kg.test)
     theta, dev_acc = best_threshold(s_dev, kg.dev_labels)
     assert got["dev_accuracy"] == pytest.approx(dev_acc) and got["threshold"] == pytest.approx(theta)
     assert got["test_accuracy"] == pytest.approx(np.mean((s_test > theta) == kg.test_labels))
