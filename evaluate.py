@@ -90,6 +90,12 @@ def best_threshold(scores, labels):
 
 
 # ----------------------------------------------------------------------------- scoring
+def to_device(t, device):
+    """A CPU tensor on the device; to a GPU through pinned memory, so the copy does not wait for the GPU's queue: the
+    CPU goes on building the next batch while the GPU runs this one."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 class Scorer:
     """(N, 3) triples -> (N,) fp32 scores of a PALT model, in batches of rows of (almost) equal length, longest first,
     at most `tokens` padded tokens each; autocast in `dtype` ('fp32' or 'bf16'; the NSP head stays fp32); compile:
@@ -109,8 +115,6 @@ class Scorer:
         order = np.argsort(-lengths, kind="stable")
         descending = lengths[order]
         out = torch.empty(len(triples), dtype=torch.float32, device=self.device)
-        # from pinned memory the copy is asynchronous: the CPU builds the next batch while the GPU runs this one
-        move = lambda t: t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
         i = 0
         while i < len(order):
             # rows of exactly the first (longest) row's length, if they fill half the token budget: no padding, no
@@ -119,13 +123,13 @@ class Scorer:
             same, near = (int(np.searchsorted(-descending, x - w, side="right")) for x in (0, w // 16))
             end = min(i + max(1, self.tokens // w), same if (same - i) * w >= self.tokens // 2 else near)
             idx = order[i:end]
-            batch = {k: move(v) for k, v in data.build_batch(self.enc, triples[idx], self.prompts,
+            batch = {k: to_device(v, self.device) for k, v in data.build_batch(self.enc, triples[idx], self.prompts,
                                                              self.max_seq_length).items()}
             if lengths[idx[-1]] == w:
                 batch["attention_mask"] = None
             with bert.autocast(self.dtype, self.device):
                 logits = self.forward(**batch)
-            out[move(torch.from_numpy(idx))] = palt.score(logits)
+            out[to_device(torch.from_numpy(idx), self.device)] = palt.score(logits)
             self.n_tokens += int(lengths[idx].sum())
             self.n_padded += batch["input_ids"].numel()
             i += len(idx)
@@ -158,14 +162,17 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------- link prediction
-def rank_queries(score, lpq, tri, queries, block):
+def rank_queries(score, lpq, tri, queries, block, overlap=None):
     """Rank the test triples `tri` for these queries, `block` at a time: a query's candidates are scored once, into
-    a (block, C) tensor shared by every test triple that asks it. Yields (its queries, rows as in lp_metrics)."""
+    a (block, C) tensor shared by every test triple that asks it. Yields (its queries, rows as in lp_metrics); overlap
+    (default: on a GPU) one block behind: the next block's batches are built and queued before this block's ranks are
+    waited for (on a CPU the work is done when the call returns: nothing to overlap)."""
     pair_tri, pair_side = np.repeat(tri, 2), np.tile([0, 1], len(tri))
     pair_query, pair_target = lpq.triple_query[pair_tri, pair_side], lpq.target[pair_tri, pair_side]
     cand, row_of = lpq.candidates, np.full(len(lpq.queries), -1)
     # a first block of 1/16 the size: the progress line's rate and ETA come from a measurement within a minute
     bounds = [0, *range(min(len(queries), max(1, block // 16)), len(queries), block), len(queries)]
+    pending = None  # the previous block: (queries, rows' triple and side, ranks and finiteness still on the device)
     for start, end in zip(bounds[:-1], bounds[1:]):
         qs = queries[start:end]
         side, r, e = (np.broadcast_to(x[:, None], (len(qs), len(cand))) for x in lpq.queries[qs].T)
@@ -173,8 +180,6 @@ def rank_queries(score, lpq, tri, queries, block):
         # side 0 asks (?, r, e): candidates are heads; side 1 asks (e, r, ?): candidates are tails
         triples = np.stack([np.where(side == 0, c, e), r, np.where(side == 0, e, c)], -1).reshape(-1, 3)
         scores = score(triples).view(len(qs), len(cand))
-        if not torch.isfinite(scores).all():
-            raise SystemExit("error: the model gives non-finite scores (NaN/inf); no ranks computed")
         # each query's known answers, from the CSR lists, as a (K, C) mask
         lo, n = lpq.filter_ptr[qs], lpq.filter_ptr[qs + 1] - lpq.filter_ptr[qs]
         known = torch.zeros(scores.shape, dtype=torch.bool)
@@ -182,12 +187,26 @@ def rank_queries(score, lpq, tri, queries, block):
         known[k, torch.from_numpy(lpq.filter_pos[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())])] = True
         row_of[qs] = np.arange(len(qs))
         sel = np.nonzero(row_of[pair_query] >= 0)[0]
-        row = torch.from_numpy(row_of[pair_query[sel]]).to(scores.device)
+        row = to_device(torch.from_numpy(row_of[pair_query[sel]]), scores.device)
         row_of[qs] = -1
-        target = torch.from_numpy(pair_target[sel]).to(scores.device)
-        filtered = query_ranks(scores, row, target, known.to(scores.device))
-        ranks = torch.stack([*filtered, *query_ranks(scores, row, target)], 1).cpu().numpy()  # then the raw ones
-        yield qs, np.concatenate([np.stack([pair_tri[sel], pair_side[sel]], 1), ranks], 1)
+        target = to_device(torch.from_numpy(pair_target[sel]), scores.device)
+        filtered = query_ranks(scores, row, target, to_device(known, scores.device))
+        ranks = torch.stack([*filtered, *query_ranks(scores, row, target)], 1)  # then the raw ones
+        if pending:
+            yield finish_block(*pending)
+        pending = qs, np.stack([pair_tri[sel], pair_side[sel]], 1), ranks, torch.isfinite(scores).all()
+        if not (scores.device.type == "cuda" if overlap is None else overlap):
+            yield finish_block(*pending)
+            pending = None
+    if pending:
+        yield finish_block(*pending)
+
+
+def finish_block(qs, tri_side, ranks, finite):
+    """(queries, rows) of a ranked block, once the device has computed them."""
+    if not finite:
+        raise SystemExit("error: the model gives non-finite scores (NaN/inf); no ranks computed")
+    return qs, np.concatenate([tri_side, ranks.cpu().numpy()], 1)
 
 
 def read_rows(path, n_triples):

@@ -146,6 +146,8 @@ def test_the_stratified_estimate_is_the_exact_rank_when_it_draws_everything_and_
     score = FnScorer(lambda t: table[t[:, 0], t[:, 1], t[:, 2]])
     tri = np.arange(len(kg.test))
     rows = np.concatenate([r for _, r in evaluate.rank_queries(score, lpq, tri, np.arange(len(lpq.queries)), block=3)])
+    behind = list(evaluate.rank_queries(score, lpq, tri, np.arange(len(lpq.queries)), block=3, overlap=True))
+    assert np.array_equal(np.concatenate([r for _, r in behind]), rows)  # a GPU's way, one block behind: the same
     exact = {(int(r[0]), int(r[1])): (r[2] + r[3]) / 2 for r in rows}
     want = np.array([exact[i, side] for i in tri for side in (0, 1)])
     for near in (np.zeros((len(kg.entities), 0), np.int64), np.random.default_rng(0).integers(0, 10, (10, 2))):
