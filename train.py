@@ -3,7 +3,7 @@
   python train.py --data umls --model minilm --epochs 3
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 """
-import argparse, json, os, re, time
+import argparse, json, os, re, shutil, signal, time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 import numpy as np
@@ -36,6 +36,11 @@ PRESETS = {
 }
 PRESETS["paper"]["own"] = PRESETS["paper"]["umls"] | dict(dev_sample=1000)  # a graph of one's own: --data FOLDER
 PRESETS["cpu"]["own"] = PRESETS["cpu"]["umls"] | dict(epochs=5, dev_sample=1000)
+# gpu: the cpu recipe at 8x the batch (a GPU at batch 32 waits on kernel launches), the lr by the square-root rule,
+# compiled; at an equal number of sequences it matches the cpu recipe on UMLS (RESULTS.md, issue 41)
+PRESETS["gpu"] = {name: p | dict(batch=8 * p["batch"], lr=8 ** 0.5 * p["lr"], compile=True)
+                  for name, p in PRESETS["cpu"].items()}
+STOP = []  # the signals received: SIGINT (Ctrl-C) or SIGTERM end a run after the step under way, saved to resume
 NEAR = 32  # --hard-negatives draw from each entity's NEAR nearest entities; --dev-near takes the first of them
 
 
@@ -59,6 +64,7 @@ class Run:
     prompt_mlp: bool = False
     finetune: bool = False
     dtype: str = "auto"  # autocast precision: auto = bf16 on GPU and on CPUs with native bf16, else fp32
+    compile: bool | None = None  # torch.compile the training forward and backward (on CPU it needs g++)
     max_seq_length: int = 192  # every position the model sees, prompts included
     dev_limit: int | None = None  # link prediction: dev triples ranked after each epoch (a seeded sample)
     dev_sample: int | None = None  # ... against a seeded sample of this many entities, not all
@@ -108,6 +114,7 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-mlp", action="store_true", help="re-parametrise prompts through an MLP")
     ap.add_argument("--finetune", action="store_true", help="train the whole LM, no PALT parts (KG-BERT)")
     ap.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bf16 on GPU and CPUs with native bf16")
+    ap.add_argument("--compile", action="store_const", const=True, help="torch.compile the step (recipe gpu does)")
     ap.add_argument("--dev-limit", type=int, help="link prediction: dev triples ranked after every epoch")
     ap.add_argument("--dev-sample", type=int, help="... against a seeded sample of N entities (and the answers)")
     ap.add_argument("--dev-near", type=int, help="... or estimate the exact MRR: N nearest scored, the rest drawn")
@@ -162,7 +169,7 @@ def epoch_order(keys, per_step, epoch, seed, pool_steps=100):
 
 # settings that may change when a run resumes: where it writes and what it reports, not what it trains
 RESUME_MAY_CHANGE = ("model", "data_dir", "out", "resume", "log_every", "dev_limit", "dev_sample", "dev_every",
-                     "dev_near", "recipe")
+                     "dev_near", "recipe", "compile")
 
 
 def check_output(out, resume):
@@ -237,6 +244,8 @@ def main(run):
     rank, local_rank, world, device, dtype = init_distributed(run.dtype)  # env ranks, set_device: torchrun's DDP
     ddp, master_process = world > 1 or dist.is_initialized(), rank == 0
     print0 = lambda *a, **k: print(*a, **k, flush=True) if master_process else None
+    if run.compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
+        raise SystemExit("error: --compile on CPU needs a C++ compiler (g++, or $CXX): none found")
     if run.batch % world:
         raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world} ranks")
     out = Path(run.out)
@@ -247,7 +256,7 @@ def main(run):
     if steps_per_epoch == 0:
         raise SystemExit(f"error: --batch {run.batch} is larger than the {len(kg.train)} train triples")
     total = min(run.epochs * steps_per_epoch, run.max_steps or run.epochs * steps_per_epoch)
-    warm = max(1, int(run.warmup * total))  # the lr: a linear warm-up over `warm` steps, then a linear decay to zero
+    warm = max(1, int(run.warmup * total))  # learning_rate's warm-up steps
     announce(run, kg, model, f"{dtype} on {device} x {world}", print0)
     near = None
     if run.hard_negatives or run.dev_near:  # once per run: 1 s on umls, 3.5 min for WN18RR (1 shared core)
@@ -256,6 +265,8 @@ def main(run):
         print0(f"nearest {NEAR} entities of each entity by the frozen encoder: {time.time() - t:.0f} s")
     negatives = NegativeSampler(kg, *run.negatives, seed=run.seed, near=near, hard=run.hard_negatives)
     ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None) if ddp else model
+    # compiled: the casts, adds, LayerNorms and GELUs between the matmuls fuse; steps vary in length, hence dynamic
+    forward = torch.compile(ddp_model, dynamic=True) if run.compile else ddp_model
 
     history = resume(resumed, meta, out / "state.safetensors", model, opt, params)
     log0 = open_log(out, print0) if master_process else print0
@@ -282,31 +293,22 @@ def main(run):
         keys = seq_lengths(enc, group, run.prompts, run.max_seq_length).reshape(len(neg), -1).max(1)
         # rank r takes every world-th positive of each global step (DistributedSampler's split): similar lengths
         order = epoch_order(keys, run.batch, epoch, run.seed)[:, rank::world]
-        t0, loss_sum, n_steps, n_real, n_padded = time.time(), 0.0, 0, 0, 0
+        t0, loss_sum, n_steps, n_real, n_padded = time.time(), torch.zeros((), device=device), 0, 0, 0
         done = epoch * steps_per_epoch  # steps of the epochs before: a mid-epoch resume starts further on
         for i in range(step - done, min(len(order), total - done)):  # ... and --max-steps may stop it early
             idx = order[i]
             torch.manual_seed(run.seed + 1_000_003 * step + rank)  # dropout: any step replays exactly after --resume
             triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
             batch = build_batch(enc, triples, run.prompts, run.max_seq_length)
-            labels = torch.cat([torch.zeros(len(idx)), torch.ones(len(triples) - len(idx))]).long().to(device)
-            with autocast(dtype, device):
-                logits = ddp_model(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
-            loss = torch.nn.functional.cross_entropy(logits.float(), labels)  # class 0 = true triple, BERT's "is next"
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params.values(), run.grad_clip)
-            lr = run.lr * (step + 1) / warm if step < warm else run.lr * max(0.0, (total - step) / max(1, total - warm))
-            for g in opt.param_groups:
-                g["lr"] = lr * g["lr_scale"]
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            step, loss_sum, n_steps = step + 1, loss_sum + loss.item(), n_steps + 1
+            lr = learning_rate(step, run.lr, warm, total)
+            loss = train_step(forward, opt, params, batch, len(idx), lr, run.grad_clip, dtype, device)
+            step, loss_sum, n_steps = step + 1, loss_sum + loss, n_steps + 1  # no .item(): no wait a step
             n_real, n_padded = n_real + int(batch["attention_mask"].sum()), n_padded + batch["input_ids"].numel()
             if step % run.log_every == 0 or i == len(order) - 1 or step == total:
                 dt = time.time() - t0
-                log0(f"epoch {epoch + 1}/{run.epochs} step {step}/{total} loss {loss_sum / n_steps:.4f} lr {lr:.2e} "
-                     f"seq/s {n_steps * len(triples) * world / dt:.0f} padded/real {n_padded / n_real:.2f} {dtype} "
-                     f"eta {(total - step) * dt / n_steps / 60:.1f}m")
+                log0(f"epoch {epoch + 1}/{run.epochs} step {step}/{total} loss {loss_sum.item() / n_steps:.4f} "
+                     f"lr {lr:.2e} seq/s {n_steps * len(triples) * world / dt:.0f} "
+                     f"padded/real {n_padded / n_real:.2f} {dtype} eta {(total - step) * dt / n_steps / 60:.1f}m")
             if run.dev_every and step % run.dev_every == 0 and i < len(order) - 1 and step < total:
                 if master_process:  # a point of the curve and a state to resume from; the epoch's end saves the rest
                     dev, line, spent = dev_point(round(epoch + (i + 1) / len(order), 3), step)
@@ -319,6 +321,13 @@ def main(run):
                     dist.barrier()
             if os.environ.get("PALT_TEST_CRASH_AT_STEP") == str(step):  # tests: a crash mid-epoch, for --resume
                 os._exit(3)
+            if stop_requested(step, run.log_every, ddp):  # Ctrl-C, or a kill: this step is kept, and resumes
+                if master_process:
+                    now = {"epoch": epoch, "step": step, "train_wall_s": history["train_wall_s"] + time.time() - t0}
+                    save(out, model, opt, params, meta | history | now, ["ckpt", "state"])
+                    log0(f"stopped at step {step} ({STOP[0]}): {out}/ckpt.safetensors holds this step's "
+                         f"weights; --resume continues from {out}/state.safetensors")
+                return finish(model, ddp_model, ddp)
         history["train_wall_s"] += time.time() - t0
         history["epoch"], history["step"] = epoch + 1, step
         if master_process:  # dev after every epoch; then best (if better), last checkpoint, and the resume state
@@ -335,11 +344,54 @@ def main(run):
         best = f", best by dev {out}/best.safetensors (epoch {history['best_epoch']})" if history["best_epoch"] else ""
         print0(f"trained {step} steps in {history['train_wall_s'] / 60:.1f} min ({dtype}); last {out}/ckpt.safetensors "
                f"({(out / 'ckpt.safetensors').stat().st_size / 2**20:.1f} MiB){best}")
+    return finish(model, ddp_model, ddp)
+
+
+def finish(model, ddp_model, ddp):
     if ddp:
         del ddp_model  # DDP's reducer holds gloo work; freed at interpreter exit it can abort the process (SIGABRT)
         dist.barrier()
         dist.destroy_process_group()
     return model
+
+
+def learning_rate(step, peak, warm, total):
+    """The lr of optimizer step `step` (0-based): a linear warm-up to `peak` over `warm` steps, then a linear decay
+    to zero at `total` (BERT's schedule)."""
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * max(0.0, (total - step) / max(1, total - warm))
+
+
+def train_step(forward, opt, params, batch, n_pos, lr, grad_clip, dtype, device):
+    """One optimizer step on a batch of n_pos positives, then their negatives; returns the loss, on the device (an
+    .item() here would make the CPU wait for the GPU every step)."""
+    labels = torch.ones(len(batch["input_ids"]), dtype=torch.long)
+    labels[:n_pos] = 0  # class 0 = a true triple, BERT's "is next"
+    with autocast(dtype, device):
+        logits = forward(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
+    loss = torch.nn.functional.cross_entropy(logits.float(), labels.to(device, non_blocking=True))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params.values(), grad_clip)
+    for g in opt.param_groups:
+        g["lr"] = lr * g["lr_scale"]
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def stop_requested(step, every, ddp):
+    """Whether to stop after this step: a signal arrived (STOP). Under DDP the ranks agree at logged steps only (one
+    all-reduce there), so that every rank stops after the same step."""
+    if not ddp:
+        return bool(STOP)
+    if step % every:
+        return False
+    flag = torch.tensor([float(bool(STOP))], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(flag)
+    if flag.item() and not STOP:
+        STOP.append("a signal to another rank")
+    return bool(flag.item())
 
 
 def open_log(out, print0):
@@ -391,7 +443,7 @@ def dev_metric(model, kg, enc, run, device, dtype, near=None):
     import evaluate
     scorer = evaluate.Scorer(model, enc, run.prompts, run.max_seq_length, device, dtype)
     if kg.task == "tc":
-        acc = evaluate.best_threshold(scorer(kg.dev).cpu().numpy(), kg.dev_labels)[1]
+        acc = evaluate.best_threshold(scorer.numpy(kg.dev), kg.dev_labels)[1]
         return {"metric": "accuracy", "value": acc}, f"accuracy {acc:.4f}"
     m = evaluate.rank_split(scorer, kg, "dev", run.dev_limit, sample=run.dev_sample,
                             near=near[:, :run.dev_near] if run.dev_near else None)
@@ -404,6 +456,8 @@ def dev_metric(model, kg, enc, run, device, dtype, near=None):
 
 
 if __name__ == "__main__":
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: STOP.append(signal.Signals(signum).name))
     try:
         main(parse_args())
     except (DataError, CheckpointError, ConfigError) as e:

@@ -14,6 +14,7 @@ beside it), best of --repeat rounds of --steps steps each:
     python bench/bench_train.py                          # umls and wn11, about 3-5 minutes on 2 cores
     python bench/bench_train.py --data wn11 --steps 4 --repeat 2
     python bench/bench_train.py --padding --data umls,wn11,fb13     # padded/real tokens of an epoch, no timing
+    python bench/bench_train.py --recipes cpu,gpu --data wn18rr      # train.py's step by recipe (a GPU's figure)
 """
 import argparse, os, sys, time
 from pathlib import Path
@@ -132,6 +133,53 @@ def bench(name, args, models, device, auto):
         print(f"separately: {auto} alone x{d / rate[a]:.2f}, bucketing alone x{e / rate[a]:.2f}")
 
 
+def recipe_speed(name, recipes, args, device):
+    """Sequences/s of train.py's own step (train.build, train.train_step) under each recipe's batch, negatives, prompts
+    and compile, on --steps steps at the quantiles of padded size, after one untimed pass over them (the compile)."""
+    import bench_eval  # the peak: a GPU's spec, else a measured matmul
+    print(f"\n{name}: train.py's step by recipe ('{bert.resolve_dtype('auto', device)}' dtype), best of {args.repeat}")
+    print(f"{'recipe':8} {'batch':>5} {'seq/step':>8} {'compiled':>8} {'seq/s':>8} {'real tok/s':>11} "
+          f"{'TFLOP/s':>8} {'share of peak':>13}")
+    rate, peaks = {}, {}
+    for recipe in recipes:
+        run = train.parse_args(["--data", name, "--recipe", recipe, "--out", "/nonexistent", "--data-dir",
+                                args.data_dir or os.environ.get("PALT_DATA", "data")])
+        dtype = bert.resolve_dtype(run.dtype, device)
+        model, kg, enc, _, params, opt = train.build(run, dtype, device)
+        model.train()
+        forward = torch.compile(model, dynamic=True) if run.compile else model
+        neg = data.NegativeSampler(kg, *run.negatives, seed=0).negatives(0)
+        per = 1 + neg.shape[1]
+        lengths = data.seq_lengths(enc, np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3), run.prompts,
+                                   run.max_seq_length).reshape(len(neg), per)
+        order = train.epoch_order(lengths.max(1), run.batch, 0, 0)
+        steps = order[representative(order, lengths.max(1), args.steps)]
+        batches = [(data.build_batch(enc, np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)]), run.prompts,
+                                     run.max_seq_length), len(idx)) for idx in steps]
+        times = []
+        for _ in range(1 + args.repeat):  # the first pass compiles and warms up
+            t = bench_eval.timed(lambda: [train.train_step(forward, opt, params, b, n, 1e-4, run.grad_clip, dtype,
+                                                           device) for b, n in batches], device)
+            times.append(t)
+        t = min(times[1:])
+        seqs, real = len(steps) * run.batch * per, int(lengths[steps].sum())
+        cfg = model.bert.config
+        # frozen weights: the backward computes the activations' gradients, not the weights': ~2x the forward
+        flop = 2 * bench_eval.flops(cfg, lengths[steps].ravel().astype(np.float64))
+        if dtype not in peaks:  # measured once per dtype: the rows share it
+            peaks[dtype] = next((v for k, v in bench_eval.PEAK_BF16.items() if device.type == "cuda" and
+                                 dtype == "bf16" and k in torch.cuda.get_device_name()), None) or bench_eval.matmul_peak(
+                torch.bfloat16 if dtype == "bf16" else torch.float32, device, 8192 if device.type == "cuda" else 1024)
+        peak = peaks[dtype]
+        rate[recipe] = seqs / t
+        print(f"{recipe:8} {run.batch:5} {run.batch * per:8} {str(bool(run.compile)):>8} {seqs / t:8,.0f} "
+              f"{real / t:11,.0f} {flop / t / 1e12:8.2f} {100 * flop / t / peak:12.1f}% of {peak / 1e12:.0f} "
+              f"TFLOP/s {dtype}")
+    if len(rate) > 1:
+        print(" / ".join(rate) + ": x" + f"{rate[recipes[-1]] / rate[recipes[0]]:.2f} seq/s (goal on a GPU, gpu / cpu:"
+              " >= 5, >= 40k seq/s)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="umls,wn11", help="comma-separated datasets")
@@ -141,6 +189,8 @@ def main():
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core); 1 suffers less "
                     "from other work on a shared machine")
     ap.add_argument("--no-split", action="store_true", help="skip d and e (the dtype and order effects alone)")
+    ap.add_argument("--recipes", help="time train.py's step under these recipes instead (e.g. cpu,gpu: their batch, "
+                    "negatives, prompts and compile; on a GPU the issue-41 figure), on --data (default wn18rr)")
     ap.add_argument("--padding", action="store_true", help="only the padding of one epoch, shuffled vs bucketed "
                     "(no timing; fast, so fb13 too: --data umls,wn11,fb13)")
     args = ap.parse_args()
@@ -148,6 +198,12 @@ def main():
         return padding(args.data.split(","), args.data_dir)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.recipes:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        torch.backends.cuda.matmul.allow_tf32 = True  # as train.py (palt.init_distributed) sets it
+        for name in (args.data if args.data != ap.get_default("data") else "wn18rr").split(","):
+            recipe_speed(name, args.recipes.split(","), args, device)
+        return
     if not hasattr(train, "epoch_order"):
         raise SystemExit("error: train.epoch_order is missing (the length-bucketed order): update train.py")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,5 +1,5 @@
 """train.py: training lowers the loss, frozen tensors stay frozen, DDP equals one process, --resume replays exactly."""
-import os, subprocess, sys
+import os, re, signal, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
@@ -145,6 +145,49 @@ def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
     a, b = load_file(tmp_path / "straight" / "ckpt.safetensors"), load_file(tmp_path / "crash" / "ckpt.safetensors")
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_a_signal_ends_the_run_after_the_step_under_way_and_resume_reaches_the_same_end(setup, tmp_path, monkeypatch):
+    """Ctrl-C or a kill (SIGINT, SIGTERM; a GPU lease's time running out): the step finishes, its weights and resume
+    state are saved, the run ends; --resume then trains to what an uninterrupted run gives."""
+    pinned = ("--epochs", "3", "--dtype", "fp32")
+    straight = train.main(train.parse_args(args(setup, tmp_path / "straight", *pinned)))
+    real, calls = train.train_step, []
+
+    def signalled_at_step_13(*a, **k):  # as if SIGTERM arrived while step 13 (in epoch 2) ran
+        calls.append(1)
+        if len(calls) == 13:
+            train.STOP.append("SIGTERM")
+        return real(*a, **k)
+    monkeypatch.setattr(train, "train_step", signalled_at_step_13)
+    monkeypatch.setattr(train, "STOP", [])
+    train.main(train.parse_args(args(setup, tmp_path / "stopped", *pinned)))
+    log = (tmp_path / "stopped" / "log.txt").read_text()
+    assert f"stopped at step 13 (SIGTERM): {tmp_path / 'stopped'}/ckpt.safetensors" in log and len(calls) == 13
+    assert "epoch 3/3" not in log
+    monkeypatch.setattr(train, "STOP", [])
+    resumed = train.main(train.parse_args(args(setup, tmp_path / "stopped", *pinned, "--resume")))
+    assert "resumed from" in (tmp_path / "stopped" / "log.txt").read_text().split("stopped at step 13")[1]
+    for (name, a), b in zip(straight.named_parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+
+
+def test_ctrl_c_saves_and_ends_the_command_line_run(setup, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "train.py", *args(setup, out, "--epochs", "2000", "--dtype", "fp32")],
+                            cwd=ROOT, env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # once a step has been logged, Ctrl-C
+            if line.startswith("epoch 1/2000 step 3/"):
+                proc.send_signal(signal.SIGINT)
+                break
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and re.search(r"stopped at step \d+ \(SIGINT\)", rest), rest[-1000:]
+    step = int(re.search(r"stopped at step (\d+)", rest).group(1))
+    saved = train.read_checkpoint(out / "state.safetensors", kind="train-state", tensors=False)[1]
+    assert int(saved["step"]) == step and (out / "ckpt.safetensors").is_file()
 
 
 def test_a_failed_save_keeps_the_last_epoch_and_says_how_to_resume(setup, tmp_path, monkeypatch):
