@@ -159,6 +159,13 @@ def resolve_dtype(choice, device):
     return choice
 
 
+def to_device(t, device):
+    """A CPU tensor on the device; to a GPU through pinned memory, so the copy does not wait for the GPU's queue: the
+    CPU goes on building the next batch while the GPU runs this one."""
+    device = torch.device(device)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 def autocast(dtype, device):
     """The autocast context for a resolved dtype; fp32 switches autocast off explicitly (also an outer one)."""
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bf16")

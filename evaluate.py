@@ -90,12 +90,6 @@ def best_threshold(scores, labels):
 
 
 # ----------------------------------------------------------------------------- scoring
-def to_device(t, device):
-    """A CPU tensor on the device; to a GPU through pinned memory, so the copy does not wait for the GPU's queue: the
-    CPU goes on building the next batch while the GPU runs this one."""
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
-
-
 class Scorer:
     """(N, 3) triples -> (N,) fp32 scores of a PALT model, in batches of rows of (almost) equal length, longest first,
     at most `tokens` padded tokens each; autocast in `dtype` ('fp32' or 'bf16'; the NSP head stays fp32); compile:
@@ -123,13 +117,13 @@ class Scorer:
             same, near = (int(np.searchsorted(-descending, x - w, side="right")) for x in (0, w // 16))
             end = min(i + max(1, self.tokens // w), same if (same - i) * w >= self.tokens // 2 else near)
             idx = order[i:end]
-            batch = {k: to_device(v, self.device) for k, v in data.build_batch(self.enc, triples[idx], self.prompts,
-                                                             self.max_seq_length).items()}
+            batch = data.build_batch(self.enc, triples[idx], self.prompts, self.max_seq_length)
+            batch = {k: bert.to_device(v, self.device) for k, v in batch.items()}
             if lengths[idx[-1]] == w:
                 batch["attention_mask"] = None
             with bert.autocast(self.dtype, self.device):
                 logits = self.forward(**batch)
-            out[to_device(torch.from_numpy(idx), self.device)] = palt.score(logits)
+            out[bert.to_device(torch.from_numpy(idx), self.device)] = palt.score(logits)
             self.n_tokens += int(lengths[idx].sum())
             self.n_padded += batch["input_ids"].numel()
             i += len(idx)
@@ -187,10 +181,10 @@ def rank_queries(score, lpq, tri, queries, block, overlap=None):
         known[k, torch.from_numpy(lpq.filter_pos[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())])] = True
         row_of[qs] = np.arange(len(qs))
         sel = np.nonzero(row_of[pair_query] >= 0)[0]
-        row = to_device(torch.from_numpy(row_of[pair_query[sel]]), scores.device)
+        row = bert.to_device(torch.from_numpy(row_of[pair_query[sel]]), scores.device)
         row_of[qs] = -1
-        target = to_device(torch.from_numpy(pair_target[sel]), scores.device)
-        filtered = query_ranks(scores, row, target, to_device(known, scores.device))
+        target = bert.to_device(torch.from_numpy(pair_target[sel]), scores.device)
+        filtered = query_ranks(scores, row, target, bert.to_device(known, scores.device))
         ranks = torch.stack([*filtered, *query_ranks(scores, row, target)], 1)  # then the raw ones
         if pending:
             yield finish_block(*pending)

@@ -140,7 +140,7 @@ def recipe_speed(name, recipes, args, device):
     print(f"\n{name}: train.py's step by recipe ('{bert.resolve_dtype('auto', device)}' dtype), best of {args.repeat}")
     print(f"{'recipe':8} {'batch':>5} {'seq/step':>8} {'compiled':>8} {'seq/s':>8} {'real tok/s':>11} "
           f"{'TFLOP/s':>8} {'share of peak':>13}")
-    rate, peaks = {}, {}
+    rate, peaks, rows = {}, {}, []
     for recipe in recipes:
         run = train.parse_args(["--data", name, "--recipe", recipe, "--out", "/nonexistent", "--data-dir",
                                 args.data_dir or os.environ.get("PALT_DATA", "data")])
@@ -172,12 +172,17 @@ def recipe_speed(name, recipes, args, device):
                 torch.bfloat16 if dtype == "bf16" else torch.float32, device, 8192 if device.type == "cuda" else 1024)
         peak = peaks[dtype]
         rate[recipe] = seqs / t
+        rows.append(dict(data=name, recipe=recipe, batch=run.batch, seq_per_step=run.batch * per,
+                         compiled=bool(run.compile), dtype=dtype, seq_per_s=round(seqs / t, 1),
+                         real_tok_per_s=round(real / t), tflops=round(flop / t / 1e12, 3),
+                         share_of_peak=round(flop / t / peak, 4), peak_tflops=round(peak / 1e12, 1)))
         print(f"{recipe:8} {run.batch:5} {run.batch * per:8} {str(bool(run.compile)):>8} {seqs / t:8,.0f} "
               f"{real / t:11,.0f} {flop / t / 1e12:8.2f} {100 * flop / t / peak:12.1f}% of {peak / 1e12:.0f} "
               f"TFLOP/s {dtype}")
     if len(rate) > 1:
         print(" / ".join(rate) + ": x" + f"{rate[recipes[-1]] / rate[recipes[0]]:.2f} seq/s (goal on a GPU, gpu / cpu:"
               " >= 5, >= 40k seq/s)")
+    return rows
 
 
 def main():

