@@ -52,26 +52,28 @@ def dataset(spec, data_dir=None):
 
 # ----------------------------------------------------------------------------- loading
 def _read_rows(path, digest, ncols):
-    """Tab-separated rows of a UTF-8 file, ncols in each, its bytes added to `digest`. BOM, CRs, whitespace around
-    lines (WN11's trailing tabs, which KG-BERT's line.strip() dropped too) and trailing blank lines are dropped."""
+    """(rows, their line numbers): tab-separated rows of a UTF-8 file, ncols in each, its bytes added to `digest`.
+    BOM, CRs and whitespace around lines (WN11's trailing tabs, which KG-BERT's line.strip() dropped too) are dropped;
+    blank lines are skipped, as pandas-based readers skip them."""
     raw, text = read_text(path, DataError)  # missing, permission denied, not UTF-8: one line
     digest.update(path.name.encode() + b"\0" + raw)
-    if not text.rstrip():
+    kept = [(i + 1, line.strip()) for i, line in enumerate(text.split("\n")) if line.strip()]
+    if not kept:
         raise DataError(f"{path}:1: empty file")
-    rows = [line.strip().split("\t") for line in text.rstrip().split("\n")]
-    for i, row in enumerate(rows):
+    rows = [line.split("\t") for _, line in kept]
+    for (n, _), row in zip(kept, rows):
         if len(row) != ncols:
-            raise DataError(f"{path}:{i + 1}: expected {ncols} tab-separated columns, got {len(row)}"
+            raise DataError(f"{path}:{n}: expected {ncols} tab-separated columns, got {len(row)}"
                             + (" (an id with no text)" if ncols == 2 and len(row) == 1 else ""))
-    return rows
+    return rows, [n for n, _ in kept]
 
 
 def _read_texts(path, digest):
     """{id: text} of an id<TAB>text file, in file order."""
-    texts = {}
-    for i, (key, text) in enumerate(_read_rows(path, digest, 2)):
+    texts, (rows, lines) = {}, _read_rows(path, digest, 2)
+    for n, (key, text) in zip(lines, rows):
         if key in texts:
-            raise DataError(f"{path}:{i + 1}: duplicate id {key!r}")
+            raise DataError(f"{path}:{n}: duplicate id {key!r}")
         texts[key] = text
     return texts
 
@@ -86,15 +88,15 @@ def _ids(texts, source, rows, cols):
     return texts, (why, {key: i for i, key in enumerate(texts)})
 
 
-def _split(path, rows, labelled, ents, rels):
+def _split(path, rows, lines, labelled, ents, rels):
     """(N,3) int64 triples and, when `labelled`, (N,) bool labels (1 -> True, -1 -> False); ents, rels: see _ids."""
-    for i, row in enumerate(rows if labelled else ()):
+    for n, row in zip(lines, rows if labelled else ()):
         if row[3] not in ("1", "-1"):
-            raise DataError(f"{path}:{i + 1}: label must be 1 or -1, got {row[3]!r}")
+            raise DataError(f"{path}:{n}: label must be 1 or -1, got {row[3]!r}")
     parts = (ents, rels, ents)
     ids = np.array([[parts[c][1].get(row[c], -1) for c in range(3)] for row in rows], dtype=np.int64).reshape(-1, 3)
     for i, c in np.argwhere(ids < 0)[:1]:  # the first unknown id, by line
-        raise DataError(f"{path}:{i + 1}: {'relation' if c == 1 else 'entity'} {rows[i][c]!r} {parts[c][0]}")
+        raise DataError(f"{path}:{lines[i]}: {'relation' if c == 1 else 'entity'} {rows[i][c]!r} {parts[c][0]}")
     return ids, np.array([row[3] == "1" for row in rows], dtype=bool) if labelled else None
 
 
@@ -150,11 +152,15 @@ def load_kg(spec, data_dir=None, text="name"):
     rel = _read_texts(folder / rel_file, digest) if rel_file else None
     rows = {s: _read_rows(folder / f"{s}.tsv", digest, 4 if task == "tc" and s != "train" else 3)
             for s in ("train", "dev", "test") if not own or s == "train" or (folder / f"{s}.tsv").is_file()}
-    ent, ents = _ids(ent, file, rows["train"], (0, 2))
-    rel, rels = _ids(rel, rel_file, rows["train"], (1,))
+    ent, ents = _ids(ent, file, rows["train"][0], (0, 2))
+    rel, rels = _ids(rel, rel_file, rows["train"][0], (1,))
     (train, _), (dev, dev_labels), (test, test_labels) = [  # a split a graph of one's own lacks: no rows
-        _split(folder / f"{s}.tsv", rows.get(s, []), task == "tc" and s != "train", ents, rels)
+        _split(folder / f"{s}.tsv", *rows.get(s, ([], [])), task == "tc" and s != "train", ents, rels)
         for s in ("train", "dev", "test")]
+    first = np.sort(np.unique(train, axis=0, return_index=True)[1])
+    if own and len(first) < len(train):  # benchmarks stay as released (WN11's train repeats 2,220 lines)
+        notes.append(f"{folder / 'train.tsv'}: {len(train) - len(first):,} duplicate triples, each kept once")
+        train = train[first]
     kg = KG(name, task, folder, text, file or "ids", list(ent), list(rel), list(ent.values()), list(rel.values()),
             train, dev, test, dev_labels, test_labels, np.unique(np.concatenate([train, dev, test])[:, [0, 2]]),
             digest.hexdigest()[:16], None, notes)

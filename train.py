@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import palt
+import evaluate, palt
 from bert import DTYPES, CheckpointError, autocast, to_device
 from data import (DATASETS, TEXTS, DataError, NegativeSampler, build_batch, dataset, encode, load_kg, nearest_entities,
                   seq_lengths)
@@ -444,7 +444,6 @@ def resume(saved, meta, path, model, opt, params):
 def dev_metric(model, kg, enc, run, device, dtype, near=None):
     """(metric, its log line): accuracy at the threshold tuned on dev itself (an upper estimate), or the filtered MRR
     of the same seeded dev_limit dev triples every epoch, against all entities, a sample, or estimated (dev_near)."""
-    import evaluate
     scorer = evaluate.Scorer(model, enc, run.prompts, run.max_seq_length, device, dtype)
     if kg.task == "tc":
         acc = evaluate.best_threshold(scorer.numpy(kg.dev), kg.dev_labels)[1]

@@ -88,16 +88,25 @@ def test_fingerprint_follows_the_files(tmp_path, kg):
     assert load_kg("umls", tmp_path).fingerprint != kg.fingerprint
 
 
-def test_crlf_bom_trailing_blank_lines_and_trailing_tab_read_like_clean_files(tmp_path, kg):
+def test_crlf_bom_blank_lines_and_trailing_tab_read_like_clean_files(tmp_path, kg):
     crlf = {k.replace(".", "_"): v.replace("\n", "\r\n") for k, v in KG_FILES.items()}
     crlf["train_tsv"] = b"\xef\xbb\xbf" + crlf["train_tsv"].encode() + b"\r\n\r\n"
-    crlf["test_tsv"] += "\n\n  \n"
+    crlf["test_tsv"] = "\r\n" + crlf["test_tsv"].replace("\r\n", "\r\n\r\n", 1) + "\n\n  \n"  # blank lines anywhere
     crlf["entity2text_txt"] = crlf["entity2text_txt"].replace("golf", "golf\t")  # as 5 lines of WN11's
     quirky = load_kg("umls", write_kg(tmp_path / "q", **crlf).parent)
     for field in ("entities", "relations", "ent_text", "rel_text"):
         assert getattr(quirky, field) == getattr(kg, field)
     for field in ("train", "dev", "test", "known", "split_entities"):
         assert np.array_equal(getattr(quirky, field), getattr(kg, field))
+
+
+def test_a_graph_of_ones_own_keeps_a_repeated_train_triple_once_and_says_so(tmp_path):
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "train.tsv").write_text("a\tr\tb\nb\tr\tc\na\tr\tb\n\nc\tr\ta\na\tr\tb\n")
+    kg = load_kg(own)
+    assert kg.train.tolist() == [[0, 0, 1], [1, 0, 2], [2, 0, 0]]  # first occurrences, in file order
+    assert f"{own / 'train.tsv'}: 2 duplicate triples, each kept once" in kg.notes
 
 
 def test_text_modes_pick_the_entity_text_file(tmp_path):
@@ -132,7 +141,7 @@ def test_triple_classification_labels_and_negatives_are_not_facts(tmp_path):
 @pytest.mark.parametrize("change, where, what", [
     (dict(train_tsv="a\tr1\tb\nb\tr1\n"), "train.tsv:2:", "3 tab-separated columns, got 2"),
     (dict(dev_tsv="d\tr1\ta\textra\n"), "dev.tsv:1:", "3 tab-separated columns, got 4"),
-    (dict(test_tsv="a\tr1\tc\n\nb\tr2\td\n"), "test.tsv:2:", "columns, got 1"),  # a blank line inside
+    (dict(test_tsv="a\tr1\tc\n\r\n \nb\tr2\tzulu\n"), "test.tsv:4:", "entity 'zulu'"),  # blank lines skipped, counted
     (dict(test_tsv="a\tr1\tc\nb\tr2\tzulu\n"), "test.tsv:2:", "entity 'zulu' has no text in entity2text.txt"),
     (dict(train_tsv="a\tr9\tb\n"), "train.tsv:1:", "relation 'r9' has no text in relation2text.txt"),
     (dict(entity2text_txt="a\talpha\nb\n"), "entity2text.txt:2:", "an id with no text"),
