@@ -1,11 +1,11 @@
-"""results/devsignal.py: exact dev MRR beside the sampled dev signals, per checkpoint, and how often they agree."""
+"""bench/devsignal.py: exact dev MRR beside the sampled dev signals, per checkpoint, and how often they agree."""
 import importlib.util, json, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
 import torch
 
-import data, evaluate, palt
+import bigrank, data, evaluate, palt
 from conftest import FnScorer, make_bert_dir, write_tiny_kg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def ranked(tmp_path_factory):
 
 
 def devsignal(root, *args):
-    return subprocess.run([sys.executable, str(ROOT / "results" / "devsignal.py"), *map(str, args), "--data-dir",
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "devsignal.py"), *map(str, args), "--data-dir",
                            str(root / "data")], capture_output=True, text=True, cwd=ROOT)
 
 
@@ -64,7 +64,7 @@ def test_self_wins_is_the_share_of_dev_queries_whose_own_entity_outscores_the_an
     row = json.loads(r.stdout.splitlines()[0])
     model, meta, loaded = palt.load_checkpoint(pairs[0][0])
     score = evaluate.Scorer(model.eval(), data.encode(kg, loaded.tokenizer), meta["prompts"], meta["max_seq_length"])
-    dev = kg.dev[evaluate.select(len(kg.dev), 5, 0)]  # the 5 triples the state ranked
+    dev = kg.dev[bigrank.select(len(kg.dev), 5, 0)]  # the 5 triples the state ranked
     wins = [float(score(np.array([own]))[0] > score(np.array([[h, rel, t]]))[0])
             for h, rel, t in dev.tolist() for own in ([h, rel, h], [t, rel, t])]
     assert row["self wins"] == pytest.approx(sum(wins) / len(wins))
@@ -81,7 +81,7 @@ def test_a_state_of_another_checkpoint_is_refused(ranked):
 def test_the_stratified_rank_estimate_is_unbiased(ranked):
     """3 draws from the other candidates, each counting for (others)/3: averaged over draws, the estimated ranks are
     the exact ones (every candidate drawn, which the first test checks against evaluate.py). Scores with ties."""
-    spec = importlib.util.spec_from_file_location("devsignal", ROOT / "results" / "devsignal.py")
+    spec = importlib.util.spec_from_file_location("devsignal", ROOT / "bench" / "devsignal.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     root, kg, _ = ranked

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+import bigrank
 import data
 import evaluate
 import hub
@@ -136,6 +137,21 @@ def test_filtered_and_raw_ranks_on_a_graph_where_they_differ(lp_root, candidates
     assert differ >= 3  # the graph was chosen so that filtering matters
 
 
+@pytest.mark.parametrize("graph", ["hand-made", "umls"])
+def test_the_fast_ranking_equals_the_naive_definition(graph, lp_root):
+    """rank_queries (blocks of queries, one mask, one op) against naive_ranks (a loop over each triple and side)."""
+    kg = data.load_kg("umls", lp_root if graph == "hand-made" else os.environ.get("PALT_DATA") or ROOT.parent /
+                      "shared" / "data")
+    lpq = data.lp_queries(kg)
+    tri = np.arange(len(kg.test)) if graph == "hand-made" else np.random.default_rng(0).choice(len(kg.test), 25)
+    score = FnScorer(lambda t: ((t[:, 0] * 7 + t[:, 1] * 3 + t[:, 2] * 5) % 4).astype(np.float32))  # many ties
+    fast = np.concatenate([r for _, r in evaluate.rank_queries(score, lpq, tri, np.unique(lpq.triple_query[tri]), 5)])
+    fast = fast[np.isin(fast[:, 0], tri)]
+    naive = evaluate.naive_ranks(score, lpq, np.unique(tri))
+    assert np.array_equal(fast[np.lexsort((fast[:, 1], fast[:, 0]))][:, :4], naive)
+    assert (naive[:, 3] > naive[:, 2]).any() and (fast[:, 4] != fast[:, 2]).any()  # ties; the filter matters
+
+
 def test_the_stratified_estimate_is_the_exact_rank_when_it_draws_everything_and_unbiased_when_it_draws_few(lp_root):
     """train.py --dev-near: the hard stratum is scored whole and counts once; each draw from the rest counts for
     (rest)/(draws). Drawing all of the rest gives the exact filtered realistic ranks (ties half); drawing 2, their
@@ -151,9 +167,9 @@ def test_the_stratified_estimate_is_the_exact_rank_when_it_draws_everything_and_
     exact = {(int(r[0]), int(r[1])): (r[2] + r[3]) / 2 for r in rows}
     want = np.array([exact[i, side] for i in tri for side in (0, 1)])
     for near in (np.zeros((len(kg.entities), 0), np.int64), np.random.default_rng(0).integers(0, 10, (10, 2))):
-        ranks, scored = evaluate.stratified_ranks(score, lpq, tri, 0, near, 100)
+        ranks, scored = bigrank.stratified_ranks(score, lpq, tri, 0, near, 100)
         assert np.array_equal(ranks, want) and scored <= len(lpq.candidates)
-        mean = np.mean([evaluate.stratified_ranks(score, lpq, tri, s, near, 2)[0] for s in range(400)], 0)
+        mean = np.mean([bigrank.stratified_ranks(score, lpq, tri, s, near, 2)[0] for s in range(400)], 0)
         assert np.allclose(mean, want, atol=0.25) and want.max() > 2
 
 # ----------------------------------------------------------------------------- the command line, end to end
@@ -217,7 +233,7 @@ def test_the_subset_of_a_smaller_limit_is_part_of_every_larger_ones():
     for T, seed in [(50, 0), (1000, 3)]:
         before = set()
         for n in (1, 5, 17, 49, T, None):
-            now = set(evaluate.select(T, n, seed).tolist())
+            now = set(bigrank.select(T, n, seed).tolist())
             assert before <= now and len(now) == (n or T)
             before = now
 

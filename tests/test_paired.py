@@ -1,10 +1,10 @@
-"""results/paired.py: the paired difference of two rankings of the same triples, per side, with its bootstrap."""
+"""bench/paired.py: the paired difference of two rankings of the same triples, per side, with its bootstrap."""
 import json, subprocess, sys
 from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "results"))
+sys.path.insert(0, str(ROOT / "bench"))
 import paired  # noqa: E402
 
 
@@ -32,13 +32,13 @@ def test_paired_difference_per_side(tmp_path):
 def test_states_of_different_tasks_are_refused(tmp_path):
     a = state(tmp_path / "a", {0: (1, 2)})
     b = state(tmp_path / "b", {0: (1, 2)}, seed=1)
-    r = subprocess.run([sys.executable, str(ROOT / "results" / "paired.py"), str(a), str(b)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "paired.py"), str(a), str(b)], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip() == "error: the states differ in seed (0 vs 1): not the same ranking task"
 
 
 def test_other_entity_texts_rank_the_same_triples(tmp_path):
     """Names vs descriptions: the fingerprint covers the text file, so it differs; the triples are the same task."""
-    run = lambda a, b: subprocess.run([sys.executable, str(ROOT / "results" / "paired.py"), str(a), str(b)],
+    run = lambda a, b: subprocess.run([sys.executable, str(ROOT / "bench" / "paired.py"), str(a), str(b)],
                                       capture_output=True, text=True)
     a = state(tmp_path / "a", {0: (1, 2)}, data_fingerprint="f1", text="name")
     b = state(tmp_path / "b", {0: (1, 1)}, data_fingerprint="f2", text="description")

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import bert, data, evaluate, palt
+import bert, bigrank, data, evaluate, palt
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTERS = {name: ROOT / "weights" / f"palt-{name}-minilm.safetensors"
@@ -78,8 +78,8 @@ def test_a_big_graph_adapter_is_the_one_its_growable_estimate_ranked(name):
     assert settings["data_fingerprint"] == kg.fingerprint and settings["candidates"] == "split"
     c = result["counts"]
     assert result["estimate"] and c["candidates"] == len(kg.split_entities) and c["test_triples"] == len(kg.test)
-    tri = evaluate.select(len(kg.test), result["settings"]["limit"], result["settings"]["seed"])
-    rows = np.concatenate([evaluate.read_rows(f, len(kg.test)) for f in sorted(folder.glob("rank*.npz"))])
+    tri = bigrank.select(len(kg.test), result["settings"]["limit"], result["settings"]["seed"])
+    rows = np.concatenate([bigrank.read_rows(f, len(kg.test)) for f in sorted(folder.glob("rank*.npz"))])
     _, first = np.unique(rows[:, 0] * 2 + rows[:, 1], return_index=True)
     rows = rows[first][np.isin(rows[first][:, 0], tri)]
     assert len(rows) == 2 * len(tri) == 2 * c["ranked_triples"]

@@ -1,6 +1,6 @@
 """Markdown rows for RESULTS.md from evaluate.py's JSON files, and mean ± sd (sample sd) over them.
 
-    python results/summarize.py results/umls-iso-bf16-bucket-s*.json      (one row each, then mean ± sd)
+    python bench/summarize.py results/umls-iso-bf16-bucket-s*.json      (one row each, then mean ± sd)
 The per-epoch dev curve of a run is in its training log (results/NAME.train.log, "dev after epoch" lines).
 """
 import argparse, json

@@ -1,15 +1,15 @@
 """Does a cheap dev signal order checkpoints as the exact dev ranking does? (issue 32, item 4)
 
     python evaluate.py --lp --split dev --limit 20 --ckpt CKPT --out results/NAME-dev.json     # exact, resumable
-    python results/devsignal.py CKPT=results/NAME-dev.state CKPT2=results/NAME2-dev.state [--near 8,32]
-    python results/devsignal.py ... --strata-only --near 32 --draw-seeds 3    # the estimates' spread over draws
+    python bench/devsignal.py CKPT=results/NAME-dev.state CKPT2=results/NAME2-dev.state [--near 8,32]
+    python bench/devsignal.py ... --strata-only --near 32 --draw-seeds 3    # the estimates' spread over draws
 
 For every checkpoint (all on one dataset), on the triples every state ranked on both sides (their filtered realistic
 ranks against every entity; dev, or test states of one split), this prints the exact MRR and MR beside cheap dev
 signals on the same triples: `random` (ranks among the triples' own entities plus --sample seeded random ones,
 train.py's --dev-sample; until stop 39 `near N` too, that sample plus the N entities nearest each query's entity,
 which ordered checkpoints worse: RESULTS.md) and the stratified estimates below. A signal is good where it orders the checkpoints as the exact MRR does: the last lines count the pairs each signal orders the same way,
-all of them and those the exact ranking itself separates (results/paired.py: 95% paired bootstrap excludes 0).
+all of them and those the exact ranking itself separates (bench/paired.py: 95% paired bootstrap excludes 0).
 `strat N` (train.py --dev-near N) estimates the exact ranks instead of ranking within a sample: per query, every hard candidate (the N entities
 nearest its entity and the N nearest its answer, and its entity itself) is scored and counts once; --sample uniform
 draws from the other candidates each count for (other candidates)/(draws). The estimated rank is unbiased; its
@@ -26,16 +26,16 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "results")]
-import bert, data, evaluate, files, palt  # noqa: E402
-from paired import paired as paired_bootstrap  # noqa: E402  (results/paired.py)
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import bert, bigrank, data, evaluate, files, palt  # noqa: E402
+from paired import paired as paired_bootstrap  # noqa: E402  (bench/paired.py)
 
 
 def ranked_prefix(state, T):
     """(k, rows, settings) of an evaluate.py state folder: the longest prefix k of its seeded permutation ranked on both
-    sides (evaluate.select(T, k, seed), the subset rank_split(limit=k) ranks) and its rows."""
+    sides (bigrank.select(T, k, seed), the subset rank_split(limit=k) ranks) and its rows."""
     settings = json.loads((Path(state) / "settings.json").read_text())
-    rows = np.concatenate([evaluate.read_rows(f, T) for f in sorted(Path(state).glob("rank*.npz"))])
+    rows = np.concatenate([bigrank.read_rows(f, T) for f in sorted(Path(state).glob("rank*.npz"))])
     sides = np.bincount(rows[:, 0], minlength=T)
     perm = np.random.default_rng(settings["seed"]).permutation(T)
     k = int(np.argmin(np.append(sides[perm] == 2, False)))  # the first triple of the permutation not ranked twice
@@ -45,13 +45,13 @@ def ranked_prefix(state, T):
 
 
 def stratified(scorer, kg, tri, seed, near, draws, split="dev", range_draws=0):
-    """(MRR, MR) of the stratified rank estimates of the triples `tri` of a split (evaluate.stratified_ranks, which
+    """(MRR, MR) of the stratified rank estimates of the triples `tri` of a split (bigrank.stratified_ranks, which
     train.py --dev-near reports). range_draws: a middle stratum, the entities training shows on the query's side of
     its relation (its type, for most FB15k-237 relations), `range_draws` of them drawn."""
     ranges = {(side, r): np.unique(kg.train[kg.train[:, 1] == r, col])  # entities training puts on that side of r
               for side, col in ((0, 0), (1, 2)) for r in np.unique(kg.train[:, 1])} if range_draws else {}
     middle = (lambda side, r: (ranges.get((side, r), np.zeros(0, np.int64)), range_draws)) if range_draws else None
-    ranks, _ = evaluate.stratified_ranks(scorer, data.lp_queries(kg, split), tri, seed, near, draws, middle)
+    ranks, _ = bigrank.stratified_ranks(scorer, data.lp_queries(kg, split), tri, seed, near, draws, middle)
     return float(np.mean(1 / ranks)), float(np.mean(ranks))
 
 

@@ -1,6 +1,6 @@
 """Paired comparison of two link-prediction rankings of the same (test or dev) triples: B - A per side, bootstrapped.
 
-    python results/paired.py results/wn18rr-noself-lp.state results/palt-wn18rr-minilm.state
+    python bench/paired.py results/wn18rr-noself-lp.state results/palt-wn18rr-minilm.state
 
 Each argument is an evaluate.py ranking state folder (settings.json, rank*.npz: rows of test triple, side, filtered
 optimistic/pessimistic, raw optimistic/pessimistic). Only the triples ranked on both sides by both are compared; the
