@@ -53,8 +53,8 @@ class State:
     """The ranks finished so far, in a folder: settings.json (a rerun with other settings refuses rather than mix) and
     one rows .npz per rank, replaced atomically: a killed run restarts from its last save. `prior`: all ranks' saves."""
 
-    def __init__(self, folder, settings, rank, T):
-        self.folder, self.path = Path(folder), Path(folder) / f"rank{rank}.npz"
+    def __init__(self, folder, settings, ddp_rank, T):
+        self.folder, self.path = Path(folder), Path(folder) / f"rank{ddp_rank}.npz"
         saved = self.folder / "settings.json"
         if saved.exists():
             try:
@@ -66,7 +66,7 @@ class State:
                 if was.get(k) != v:
                     raise SystemExit(f"error: {self.folder} holds ranks made with {k} {was.get(k)}, not {v}: "
                                      "give another --out, or delete it to start over")
-        elif rank == 0:
+        elif ddp_rank == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
             files.write_atomic(saved, lambda f: f.write(json.dumps(settings, indent=1).encode()))
         self.prior = np.concatenate([NO_ROWS, *(read_rows(f, T) for f in sorted(self.folder.glob("rank*.npz")))])

@@ -222,7 +222,7 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
     return lp_metrics(np.concatenate(rows))["filtered"]["both"]["realistic"] | {"candidates": len(lpq.candidates)}
 
 
-def link_prediction(run, scorer, kg, info, state_dir, rank, world):
+def link_prediction(run, scorer, kg, info, state_dir, ddp_rank, world_size):
     """Filtered ranks of every (or --limit seeded random) test triple, as head and as tail; sharded, resumable. The
     state keeps every test triple a scored query ranks: a larger --limit (same seed) scores only unseen queries."""
     lpq = data.lp_queries(kg, run.split, run.candidates)
@@ -233,23 +233,24 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
     # the subset's start, so a smaller --limit answers from its state at once
     asked = lpq.triple_query[first].ravel()
     needed = asked[np.sort(np.unique(asked, return_index=True)[1])]
-    mine = needed[rank::world]  # round robin: every rank gets head and tail queries alike
+    mine = needed[ddp_rank::world_size]  # round robin: every rank gets head and tail queries alike
     settings = dict(checkpoint_sha256=info["identity"], data=kg.name, data_fingerprint=kg.fingerprint,
                     text=info["text"], prompts=info["prompts"], max_seq_length=info["max_seq_length"], split=run.split,
                     candidates=run.candidates, seed=run.seed, dtype=scorer.dtype)
-    state = State(state_dir, settings, rank, T)
+    state = State(state_dir, settings, ddp_rank, T)
     if dist.is_initialized():
         dist.barrier()  # every rank has read the old state before any rank writes
     ranked = lpq.triple_query[state.prior[:, 0], state.prior[:, 1]]  # the queries of the saved ranks
     todo = mine[~np.isin(mine, ranked)]  # only these: a block of saved and new queries would score the saved again
     resumed = int(np.isin(needed, ranked).sum())
     fresh = len(needed) - resumed  # a resumed ranking scores only the queries not yet saved
-    if rank == 0:  # the cost, before any of it is spent
+    if ddp_rank == 0:  # the cost, before any of it is spent
         print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries, {resumed:,} ranked "
               f"before (in {state.folder}): {fresh:,} x {C:,} candidates = {fresh * C:,} pairs to score",
               file=sys.stderr)
-    whole = -(-len(np.unique(lpq.triple_query)) // world) if estimate else None  # per rank, as the rate is
-    progress = Progress(len(todo), "queries" + (f" on rank 0 of {world}" if world > 1 else ""), rank == 0, whole)
+    whole = -(-len(np.unique(lpq.triple_query)) // world_size) if estimate else None  # per rank, as the rate is
+    progress = Progress(len(todo), "queries" + (f" on rank 0 of {world_size}" if world_size > 1 else ""), ddp_rank == 0,
+                        whole)
     saved = time.time()
     for qs, rows in rank_queries(scorer, lpq, np.arange(T), todo, max(1, run.block_rows // C)):
         state.new.append(rows)
@@ -262,7 +263,8 @@ def link_prediction(run, scorer, kg, info, state_dir, rank, world):
             raise SystemExit(f"stopped after {progress.done} queries; the same command resumes from {state.folder}")
     state.save()
     progress.update(0, force=True)
-    mine_rows = np.concatenate([state.prior if rank == 0 else NO_ROWS, *state.new])  # rank 0 brings earlier runs' ranks
+    # process 0 brings the earlier runs' ranks
+    mine_rows = np.concatenate([state.prior if ddp_rank == 0 else NO_ROWS, *state.new])
     rows = gather_rows(torch.from_numpy(mine_rows).to(scorer.device)).cpu().numpy()
     rows = rows[np.unique(rows[:, 0] * 2 + rows[:, 1], return_index=True)[1]]  # one row per triple and side
     rows = rows[np.isin(rows[:, 0], tri)]  # the state may hold more triples than this --limit asks for
@@ -300,9 +302,9 @@ def print_lp(result, raw):
 
 
 # ----------------------------------------------------------------------------- triple classification
-def score_all(scorer, triples, block_rows, rank, world, progress):
+def score_all(scorer, triples, block_rows, ddp_rank, world_size, progress):
     """Scores (N,) float64 of all triples; each rank scores every world-th one, then all are gathered."""
-    idx = np.arange(len(triples))[rank::world]
+    idx = np.arange(len(triples))[ddp_rank::world_size]
     parts = [torch.zeros(0, device=scorer.device)]
     for i in range(0, len(idx), block_rows):
         parts.append(scorer(triples[idx[i:i + block_rows]]))
@@ -312,10 +314,11 @@ def score_all(scorer, triples, block_rows, rank, world, progress):
     return both[np.argsort(both[:, 0]), 1]  # in the triples' order
 
 
-def triple_classification(run, scorer, kg, rank, world):
+def triple_classification(run, scorer, kg, ddp_rank, world_size):
     """Accuracy at a threshold tuned on dev (--per-relation: one per relation, else the global one); test errors."""
-    progress = Progress(len(kg.dev[rank::world]) + len(kg.test[rank::world]), "triples", enabled=rank == 0)
-    s = {split: score_all(scorer, getattr(kg, split), run.block_rows, rank, world, progress)
+    progress = Progress(len(kg.dev[ddp_rank::world_size]) + len(kg.test[ddp_rank::world_size]), "triples",
+                        enabled=ddp_rank == 0)
+    s = {split: score_all(scorer, getattr(kg, split), run.block_rows, ddp_rank, world_size, progress)
          for split in ("dev", "test")}
     progress.update(0, force=True)
     theta, _ = best_threshold(s["dev"], kg.dev_labels)
@@ -408,9 +411,9 @@ def predict(run, scorer, kg, tokenizer):
         known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact
         q = f"({text(e)}, {kg.rel_text[r]}, ?)" if side else f"(?, {kg.rel_text[r]}, {text(e)})"
         print(f"{q} over {len(cand):,} candidates; score = NSP logit margin; * = a known fact (train/dev/test)")
-        for rank, (c, score, k) in enumerate(zip(cand[top], s[top], known), 1):
-            print(f"{rank:4} {score:9.4f} {'*' if k else ' '} {kg.entities[c]:24} {kg.ent_text[c]}")
-            rows.append(f"{q}\t{rank}\t{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
+        for place, (c, score, k) in enumerate(zip(cand[top], s[top], known), 1):
+            print(f"{place:4} {score:9.4f} {'*' if k else ' '} {kg.entities[c]:24} {kg.ent_text[c]}")
+            rows.append(f"{q}	{place}	{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
     if run.out:
         files.write_atomic(run.out, lambda f: f.write(("\n".join(rows) + "\n").encode()))
         print(f"wrote {run.out} ({len(rows) - 1} rows)")
@@ -581,7 +584,7 @@ def main(argv=None):
             files.readable(run.queries, data.DataError)
         if out and run.task == "lp":  # the resumable ranking state
             files.check_writable(state_dir, f"{out}: its ranking state")
-        rank, _, world, device, dtype = palt.init_distributed(run.dtype)
+        ddp_rank, _, world_size, device, dtype = palt.init_distributed(run.dtype)
         if run.compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
             raise SystemExit("error: --compile on CPU needs a C++ compiler (g++, or $CXX): none found")
         model, tokenizer, info = load_model(run, device)
@@ -590,14 +593,14 @@ def main(argv=None):
         scorer = Scorer(model, data.encode(kg, tokenizer), info["prompts"], info["max_seq_length"], device, dtype,
                         run.tokens, run.compile)
         if run.task == "predict":
-            return predict(run, scorer, kg, tokenizer) if rank == 0 else None
-        result, state = (link_prediction(run, scorer, kg, info, state_dir, rank, world) if run.task == "lp"
-                         else triple_classification(run, scorer, kg, rank, world))
-        if rank != 0:
+            return predict(run, scorer, kg, tokenizer) if ddp_rank == 0 else None
+        result, state = (link_prediction(run, scorer, kg, info, state_dir, ddp_rank, world_size) if run.task == "lp"
+                         else triple_classification(run, scorer, kg, ddp_rank, world_size))
+        if ddp_rank != 0:
             return
         settings = dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"], compile=run.compile,
                         max_seq_length=info["max_seq_length"], candidates=run.candidates, limit=run.limit,
-                        seed=run.seed, tokens=scorer.tokens, world_size=world, device=str(device), dtype=dtype,
+                        seed=run.seed, tokens=scorer.tokens, world_size=world_size, device=str(device), dtype=dtype,
                         padded_per_real_token=round(scorer.n_padded / scorer.n_tokens, 4) if scorer.n_tokens else None)
         result = dict(command=" ".join(["python evaluate.py", *map(str, argv or sys.argv[1:])]), data=kg.name,
                       model=info["model"], ckpt=info["ckpt"], weights_sha256=info["weights_sha256"],

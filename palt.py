@@ -162,23 +162,23 @@ def load_checkpoint(path, model=None):
 
 # ------------------------------------------------------------------------- shared by train.py and evaluate.py
 def init_distributed(dtype_choice):
-    """(rank, local rank, world size, device, dtype): a process group under torchrun (nccl on GPU, gloo on CPU),
+    """(ddp_rank, ddp_local_rank, world_size, device, dtype): a process group under torchrun (nccl on GPU, gloo on CPU),
     else one process; dtype is the resolved autocast precision."""
     cuda = torch.cuda.is_available()
-    rank, local, world = 0, 0, 1
+    ddp_rank, ddp_local_rank, world_size = 0, 0, 1
     if "RANK" in os.environ:
-        local = int(os.environ.get("LOCAL_RANK", 0))
+        ddp_local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if cuda:
-            torch.cuda.set_device(local)
+            torch.cuda.set_device(ddp_local_rank)
         dist.init_process_group("nccl" if cuda else "gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{local}" if cuda else "cpu")
+        ddp_rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{ddp_local_rank}" if cuda else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 runs on GPU tensor cores
     dtype = resolve_dtype(dtype_choice, device)
-    if dtype == "bf16" and not cuda and not cpu_has_native_bf16() and rank == 0:  # measured: ~100x slower than fp32
+    if dtype == "bf16" and not cuda and not cpu_has_native_bf16() and ddp_rank == 0:  # measured: ~100x slower than fp32
         print("warning: this CPU has no native bf16 (AVX512_BF16/AMX): --dtype bf16 is emulated and far slower than "
               "fp32 (--dtype auto picks fp32 here)", file=sys.stderr)
-    return rank, local, world, device, dtype
+    return ddp_rank, ddp_local_rank, world_size, device, dtype
 
 
 def check_limits(ap, args, limits):

@@ -245,13 +245,14 @@ def build(run, dtype, device):
 
 
 def main(run):
-    rank, local_rank, world, device, dtype = init_distributed(run.dtype)  # env ranks, set_device: torchrun's DDP
-    ddp, master_process = world > 1 or dist.is_initialized(), rank == 0
+    # torchrun's DDP: ranks from the environment, set_device, one process group
+    ddp_rank, ddp_local_rank, world_size, device, dtype = init_distributed(run.dtype)
+    ddp, master_process = world_size > 1 or dist.is_initialized(), ddp_rank == 0
     print0 = lambda *a, **k: print(*a, **k, flush=True) if master_process else None
     if run.compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
         raise SystemExit("error: --compile on CPU needs a C++ compiler (g++, or $CXX): none found")
-    if run.batch % world:
-        raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world} ranks")
+    if run.batch % world_size:
+        raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world_size} ranks")
     out = Path(run.out)
     resumed = check_output(out, run.resume)  # before anything loads: nothing is lost, no work thrown away
 
@@ -261,14 +262,14 @@ def main(run):
         raise SystemExit(f"error: --batch {run.batch} is larger than the {len(kg.train)} train triples")
     total = min(run.epochs * steps_per_epoch, run.max_steps or run.epochs * steps_per_epoch)
     warm = max(1, int(run.warmup * total))  # learning_rate's warm-up steps
-    announce(run, kg, model, f"{dtype} on {device} x {world}", print0)
+    announce(run, kg, model, f"{dtype} on {device} x {world_size}", print0)
     near = None
     if run.hard_negatives or run.dev_near:  # once per run: 1 s on umls, 3.5 min for WN18RR (1 shared core)
         t = time.time()
         near = nearest_entities(model.bert, kg, enc, NEAR, device, dtype)
         print0(f"nearest {NEAR} entities of each entity by the frozen encoder: {time.time() - t:.0f} s")
     negatives = NegativeSampler(kg, *run.negatives, seed=run.seed, near=near, hard=run.hard_negatives)
-    ddp_model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None) if ddp else model
+    ddp_model = DDP(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None) if ddp else model
     # compiled: the casts, adds, LayerNorms and GELUs between the matmuls fuse; steps vary in length, hence dynamic
     forward = torch.compile(ddp_model, dynamic=True) if run.compile else ddp_model
 
@@ -278,15 +279,6 @@ def main(run):
         log0(f"resumed from {out}/state.safetensors: epoch {history['epoch']}, step {history['step']}" if resumed
              else f"--resume: no checkpoint in {out} yet, starting from scratch")
 
-    def dev_point(epoch, step):  # rank 0 only: (dev metric, its log line, seconds); counted in no training figure
-        if not len(kg.dev):  # a graph of one's own without dev.tsv
-            return None, "", 0.0
-        t = time.time()
-        dev, line = dev_metric(model.eval(), kg, enc, run, device, dtype, near)
-        history["dev"].append({"epoch": epoch, "step": step, **dev})
-        ddp_model.train()
-        return history["dev"][-1], line, time.time() - t
-
     step = history["step"]
     for epoch in range(history["epoch"], run.epochs):
         if step >= total:
@@ -295,13 +287,13 @@ def main(run):
         neg = negatives.negatives(epoch)  # (N, n_neg, 3), the same on every rank
         group = np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3)  # each positive, then its negatives
         keys = seq_lengths(enc, group, run.prompts, run.max_seq_length).reshape(len(neg), -1).max(1)
-        # rank r takes every world-th positive of each global step (DistributedSampler's split): similar lengths
-        order = epoch_order(keys, run.batch, epoch, run.seed)[:, rank::world]
+        # process r takes every world_size-th positive of each global step (DistributedSampler's split): similar lengths
+        order = epoch_order(keys, run.batch, epoch, run.seed)[:, ddp_rank::world_size]
         t0, loss_sum, n_steps, n_real, n_padded = time.time(), torch.zeros((), device=device), 0, 0, 0
         done = epoch * steps_per_epoch  # steps of the epochs before: a mid-epoch resume starts further on
         for i in range(step - done, min(len(order), total - done)):  # ... and --max-steps may stop it early
             idx = order[i]
-            torch.manual_seed(run.seed + 1_000_003 * step + rank)  # dropout: any step replays exactly after --resume
+            torch.manual_seed(run.seed + 1_000_003 * step + ddp_rank)  # dropout: a step replays exactly on --resume
             triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
             batch = build_batch(enc, triples, run.prompts, run.max_seq_length)
             lr = learning_rate(step, run.lr, warm, total)
@@ -311,11 +303,12 @@ def main(run):
             if step % run.log_every == 0 or i == len(order) - 1 or step == total:
                 dt = time.time() - t0
                 log0(f"epoch {epoch + 1}/{run.epochs} step {step}/{total} loss {loss_sum.item() / n_steps:.4f} "
-                     f"lr {lr:.2e} seq/s {n_steps * len(triples) * world / dt:.0f} "
+                     f"lr {lr:.2e} seq/s {n_steps * len(triples) * world_size / dt:.0f} "
                      f"padded/real {n_padded / n_real:.2f} {dtype} eta {(total - step) * dt / n_steps / 60:.1f}m")
             if run.dev_every and step % run.dev_every == 0 and i < len(order) - 1 and step < total:
                 if master_process:  # a point of the curve and a state to resume from; the epoch's end saves the rest
-                    dev, line, spent = dev_point(round(epoch + (i + 1) / len(order), 3), step)
+                    dev, line, spent = dev_point(model, kg, enc, run, device, dtype, near, history,
+                                                 round(epoch + (i + 1) / len(order), 3), step)
                     if dev:
                         log0(f"dev at step {step} (epoch {dev['epoch']}): {line}")
                     t0 += spent
@@ -323,8 +316,6 @@ def main(run):
                     save(out, model, opt, params, meta | history | now, ["state"])
                 if ddp:
                     dist.barrier()
-            if os.environ.get("PALT_TEST_CRASH_AT_STEP") == str(step):  # tests: a crash mid-epoch, for --resume
-                os._exit(3)
             if stop_requested(step, run.log_every, ddp):  # Ctrl-C, or a kill: this step is kept, and resumes
                 if master_process:
                     now = {"epoch": epoch, "step": step, "train_wall_s": history["train_wall_s"] + time.time() - t0}
@@ -335,7 +326,7 @@ def main(run):
         history["train_wall_s"] += time.time() - t0
         history["epoch"], history["step"] = epoch + 1, step
         if master_process:  # dev after every epoch; then best (if better), last checkpoint, and the resume state
-            dev, line, _ = dev_point(epoch + 1, step)
+            dev, line, _ = dev_point(model, kg, enc, run, device, dtype, near, history, epoch + 1, step)
             better = dev is not None and (history["best"] is None or dev["value"] > history["best"])
             if better:
                 history["best"], history["best_epoch"] = dev["value"], epoch + 1
@@ -382,6 +373,14 @@ def train_step(forward, opt, params, batch, n_pos, lr, grad_clip, dtype, device)
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+if os.environ.get("PALT_TEST_CRASH_AT_STEP"):  # the tests' seam: the process dies unsaved during its Nth step
+    def train_step(*args, _step=train_step, _calls=[], **kwargs):  # noqa: B006 (the calls so far)
+        _calls.append(1)
+        if len(_calls) == int(os.environ["PALT_TEST_CRASH_AT_STEP"]):
+            os._exit(3)
+        return _step(*args, **kwargs)
 
 
 def stop_requested(step, every, ddp):
@@ -439,6 +438,18 @@ def resume(saved, meta, path, model, opt, params):
             step = tensors[f"step.{name}"].reshape(()).to(p.device if opt.defaults.get("fused") else "cpu")
             opt.state[p] = {"step": step, **moments}
     return {k: saved[k] for k in history}
+
+
+def dev_point(model, kg, enc, run, device, dtype, near, history, epoch, step):
+    """Process 0's dev evaluation at (epoch, step), appended to history["dev"]: (that record, its log line, seconds;
+    counted in no training figure), or (None, "", 0) for a graph of one's own without dev.tsv."""
+    if not len(kg.dev):
+        return None, "", 0.0
+    t = time.time()
+    dev, line = dev_metric(model.eval(), kg, enc, run, device, dtype, near)
+    model.train()
+    history["dev"].append({"epoch": epoch, "step": step, **dev})
+    return history["dev"][-1], line, time.time() - t
 
 
 def dev_metric(model, kg, enc, run, device, dtype, near=None):
