@@ -118,7 +118,8 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-mlp", action="store_true", help="re-parametrise prompts through an MLP")
     ap.add_argument("--finetune", action="store_true", help="train the whole LM, no PALT parts (KG-BERT)")
     ap.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bf16 on GPU and CPUs with native bf16")
-    ap.add_argument("--compile", action="store_const", const=True, help="torch.compile the step (recipe gpu does)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the step (recipe gpu "
+                    "does; --no-compile: not)")
     ap.add_argument("--dev-limit", type=int, help="link prediction: dev triples ranked after every epoch")
     ap.add_argument("--dev-sample", type=int, help="... against a seeded sample of N entities (and the answers)")
     ap.add_argument("--dev-near", type=int, help="... or estimate the exact MRR: N nearest scored, the rest drawn")

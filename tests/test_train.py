@@ -102,6 +102,10 @@ def test_a_sampled_dev_ranking_is_labelled_in_the_log_and_the_checkpoint(setup, 
 def test_a_recipe_fills_only_what_the_command_line_leaves_open():
     cpu = train.parse_args(["--data", "wn18rr", "--recipe", "cpu", "--lr", "5e-4"])
     assert (cpu.negatives, cpu.dev_sample, cpu.dev_every, cpu.lr, cpu.epochs) == ((1, 0, 1), 100, 500, 5e-4, 1)
+    gpu = train.parse_args(["--data", "umls", "--recipe", "gpu"])
+    assert (gpu.batch, gpu.compile) == (8 * train.PRESETS["cpu"]["umls"]["batch"], True)
+    assert train.parse_args(["--data", "umls", "--recipe", "gpu", "--no-compile"]).compile is False
+    assert train.parse_args(["--data", "wn18rr", "--recipe", "gpu"]).epochs == 10  # a lease trains the paper's epochs
     paper = train.parse_args(["--data", "wn18rr"])
     assert (paper.negatives, paper.dev_sample, paper.prompts, paper.lr) == ((5, 5, 5), None, (10, 10, 10), 1e-5)
 
