@@ -3,8 +3,8 @@
   python train.py --data umls --model minilm --epochs 3
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 """
-import argparse, json, os, re, shutil, signal, time
-from dataclasses import asdict, dataclass
+import argparse, json, os, re, shutil, signal, time, typing
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 import numpy as np
 import torch
@@ -48,41 +48,6 @@ STOP = []  # the signals received: SIGINT (Ctrl-C) or SIGTERM end a run after th
 NEAR = 32  # --hard-negatives draw from each entity's NEAR nearest entities; --dev-near takes the first of them
 
 
-@dataclass
-class Run:
-    data: str
-    recipe: str = "paper"  # PRESETS[recipe][data] fills every setting the command line leaves open
-    model: str = "minilm"
-    data_dir: str | None = None
-    text: str = "name"  # entity texts: names, or long descriptions where the dataset has them
-    out: str | None = None  # default runs/<data>-<model>
-    epochs: int | None = None
-    max_steps: int | None = None  # stop (and schedule the learning rate) as if training ended after this many steps
-    lr: float | None = None
-    head_lr: float | None = None  # the heads the checkpoint lacked (MiniLM's pooler and NSP head); None: lr
-    batch: int | None = None
-    negatives: tuple | None = None  # corruptions of head, relation, tail per positive [, self: (h, r, h), (t, r, t)]
-    prompts: tuple | None = None
-    calib: tuple | None = None  # None: middle and last layer; () none
-    no_wp: bool = False
-    prompt_mlp: bool = False
-    finetune: bool = False
-    dtype: str = "auto"  # autocast precision: auto = bf16 on GPU and on CPUs with native bf16, else fp32
-    compile: bool | None = None  # torch.compile the training forward and backward (on CPU it needs g++)
-    max_seq_length: int = 192  # every position the model sees, prompts included
-    dev_limit: int | None = None  # link prediction: dev triples ranked after each epoch (a seeded sample)
-    dev_sample: int | None = None  # ... against a seeded sample of this many entities, not all
-    dev_every: int | None = None  # also every this many steps: a dev point and a resume state inside long epochs
-    dev_near: int | None = None  # ... or estimate the exact ranks from it: N nearest scored, dev_sample draws
-    hard_negatives: float = 0.0  # the share of entity corruptions drawn from the replaced entity's NEAR nearest
-    warmup: float = 0.1
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 42
-    log_every: int = 20
-    resume: bool = False
-
-
 def int_list(s, n=()):
     """'2,0,0' -> (2, 0, 0): n (allowed counts) non-negative integers, or without n any number, and 'none' -> ()."""
     try:
@@ -96,38 +61,66 @@ def int_list(s, n=()):
     return t
 
 
+def setting(default=None, help="", low=None, high=None, parse=None, choices=None):
+    """A Run field and its --flag: one home for the default, the help, the bounds (low: (value, allowed itself);
+    high: (value, what it is)), the text's parser and the choices. None: PRESETS[recipe][data] fills it."""
+    return field(default=default, metadata=dict(help=help, low=low, high=high, parse=parse, choices=choices))
+
+
+@dataclass
+class Run:
+    data: str = setting(help=f"{', '.join(DATASETS)}, or a folder with train.tsv (README)")
+    recipe: str = setting("paper", "PRESETS[recipe][data] fills every setting left open", choices=tuple(PRESETS))
+    model: str = setting("minilm", "minilm, bert-base-cased, ..., or a folder with a BERT model.safetensors")
+    data_dir: str | None = setting(help="folder holding the datasets (default $PALT_DATA, else data/)")
+    text: str = setting("name", "entity texts: names, long (umls, fb13), description (fb15k-237)", choices=TEXTS)
+    out: str | None = setting(help="checkpoint and log folder (default runs/<data>-<model>)")
+    epochs: int | None = setting(low=(1, True), help="passes over the train triples")
+    max_steps: int | None = setting(low=(1, True), help="stop (and schedule the lr) as if training ended here")
+    lr: float | None = setting(low=(0, False), help="peak learning rate")
+    head_lr: float | None = setting(low=(0, False), help="lr of the heads the checkpoint lacked (MiniLM's pooler "
+                                    "and NSP head); default --lr")
+    batch: int | None = setting(low=(1, True), help="positive triples per step over all processes")
+    negatives: tuple | None = setting(parse=lambda s: int_list(s, (3, 4)), help="corruptions of head, relation, tail "
+                                      "per positive [, self-negatives (h, r, h), (t, r, t)], e.g. 1,0,1,2")
+    prompts: tuple | None = setting(parse=lambda s: int_list(s, (3,)), help="b,m,e prompt tokens, e.g. 2,0,0")
+    calib: tuple | None = setting(parse=int_list, help="calibrated layers, e.g. 6,11, or none (default: the middle "
+                                  "and the last)")
+    no_wp: bool = setting(False, "ablation: no prompt encoder W_p")
+    prompt_mlp: bool = setting(False, "re-parametrise the prompts through an MLP")
+    finetune: bool = setting(False, "train the whole LM, no PALT parts (KG-BERT's row)")
+    dtype: str = setting("auto", "autocast: auto = bf16 on GPU and on CPUs with native bf16, else fp32", choices=DTYPES)
+    compile: bool | None = setting(help="torch.compile the step (recipe gpu does; on CPU it needs g++)")
+    max_seq_length: int = setting(192, "every position the model sees, prompts included", low=(4, True))
+    dev_limit: int | None = setting(low=(1, True), help="link prediction: dev triples ranked at each dev point")
+    dev_sample: int | None = setting(low=(1, True), help="... against a seeded sample of N entities, not all")
+    dev_every: int | None = setting(low=(1, True), help="also a dev point and a resume state every N steps")
+    dev_near: int | None = setting(low=(1, True), high=(NEAR, "the nearest entities found once per run"),
+                                   help="... or estimate the exact ranks: the N nearest scored, --dev-sample draws")
+    hard_negatives: float = setting(0.0, "the share of entity corruptions drawn from the replaced one's nearest",
+                                    low=(0, True), high=(1, "a share of the entity corruptions"))
+    warmup: float = setting(0.1, "linear warm-up, a fraction of the steps", low=(0, True),
+                            high=(1, "a fraction of the steps"))
+    weight_decay: float = setting(0.01, "AdamW's, on matrices only", low=(0, True))
+    grad_clip: float = setting(1.0, "gradient norm clipping", low=(0, False))
+    seed: int = setting(42, "order, negatives, new heads and dropout", low=(0, True))
+    log_every: int = setting(20, "steps between log lines", low=(1, True))
+    resume: bool = setting(False, "continue the run in --out from its last saved state")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # '-1,0,0' and '-1e-3' are values (refused below with their own message), not unknown options
     ap._negative_number_matcher = re.compile(r"^-\.?\d")
-    ap.add_argument("--data", required=True, help=f"{', '.join(DATASETS)}, or a folder with train.tsv (README)")
-    ap.add_argument("--recipe", choices=list(PRESETS), default="paper", help="fills the settings not given (PRESETS)")
-    ap.add_argument("--model", default="minilm", help="minilm, bert-base-cased, ..., or a directory")
-    ap.add_argument("--data-dir", help="folder holding the datasets (else $PALT_DATA, else data/)")
-    ap.add_argument("--text", choices=TEXTS, default="name", help="long (umls, fb13), description (fb15k-237)")
-    ap.add_argument("--out", help="checkpoint and log folder (default runs/<data>-<model>)")
-    ap.add_argument("--epochs", type=int)
-    ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (the schedule ends there)")
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--head-lr", type=float, help="lr of the new heads (MiniLM's pooler and NSP); default --lr")
-    ap.add_argument("--batch", type=int, help="positive triples per step over all ranks")
-    ap.add_argument("--negatives", type=lambda s: int_list(s, (3, 4)), help="h,r,t[,self] corruptions, e.g. 5,0,5")
-    ap.add_argument("--prompts", type=lambda s: int_list(s, (3,)), help="b,m,e prompt tokens, e.g. 2,0,0")
-    ap.add_argument("--calib", type=int_list, help="layers, e.g. 6,11, or none")
-    ap.add_argument("--no-wp", action="store_true", help="ablation: no prompt encoder W_p")
-    ap.add_argument("--prompt-mlp", action="store_true", help="re-parametrise prompts through an MLP")
-    ap.add_argument("--finetune", action="store_true", help="train the whole LM, no PALT parts (KG-BERT)")
-    ap.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bf16 on GPU and CPUs with native bf16")
-    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the step (recipe gpu "
-                    "does; --no-compile: not)")
-    ap.add_argument("--dev-limit", type=int, help="link prediction: dev triples ranked after every epoch")
-    ap.add_argument("--dev-sample", type=int, help="... against a seeded sample of N entities (and the answers)")
-    ap.add_argument("--dev-near", type=int, help="... or estimate the exact MRR: N nearest scored, the rest drawn")
-    ap.add_argument("--hard-negatives", type=float, default=0.0, help="share (0-1) of corruptions by nearest entities")
-    ap.add_argument("--dev-every", type=int, help="also a dev point and a resume state every N steps")
-    for f in ("max_seq_length", "warmup", "weight_decay", "grad_clip", "seed", "log_every"):  # Run's defaults
-        ap.add_argument("--" + f.replace("_", "-"), type=type(getattr(Run, f)), default=getattr(Run, f))
-    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
+    for f in fields(Run):  # each field is its flag: type, default, help
+        m, flag = f.metadata, "--" + f.name.replace("_", "-")
+        kind = next(t for t in typing.get_args(f.type) or (f.type,) if t is not type(None))
+        if kind is bool:  # a switch; a None default (the recipe decides) also takes --no-FLAG
+            ap.add_argument(flag, action="store_true" if f.default is False else argparse.BooleanOptionalAction,
+                            help=m["help"])
+        else:
+            ap.add_argument(flag, type=m["parse"] or kind, default=f.default, choices=m["choices"], help=m["help"],
+                            required=f.name == "data")
     run = Run(**vars(ap.parse_args(argv)))
     try:
         name = dataset(run.data, run.data_dir)[0]  # a benchmark's name, or a folder with train.tsv
@@ -137,17 +130,12 @@ def parse_args(argv=None):
     for k, v in PRESETS[run.recipe][run.data if run.data in DATASETS else "own"].items():
         if getattr(run, k) is None:
             setattr(run, k, v)
-    # flag -> (lowest allowed, whether the lowest itself is allowed); checked before anything loads
-    check_limits(ap, run, {"epochs": (1, True), "max_steps": (1, True), "lr": (0, False), "head_lr": (0, False),
-                           "batch": (1, True), "dev_limit": (1, True), "dev_sample": (1, True), "dev_every": (1, True),
-                           "dev_near": (1, True), "hard_negatives": (0, True), "max_seq_length": (4, True),
-                           "warmup": (0, True), "weight_decay": (0, True), "grad_clip": (0, False), "seed": (0, True),
-                           "log_every": (1, True)})
-    for k, what in (("hard_negatives", "a share of the entity corruptions"), ("warmup", "a fraction of the steps")):
-        if getattr(run, k) > 1:
-            ap.error(f"--{k.replace('_', '-')} is {what}, at most 1, not {getattr(run, k)}")
-    if (run.dev_near or 0) > NEAR:
-        ap.error(f"--dev-near: at most {NEAR} (the nearest entities found once per run), not {run.dev_near}")
+    # the bounds beside each field, checked before anything loads
+    check_limits(ap, run, {f.name: f.metadata["low"] for f in fields(Run) if f.metadata["low"]})
+    for f in fields(Run):
+        high, value = f.metadata["high"], getattr(run, f.name)
+        if high and value is not None and value > high[0]:
+            ap.error(f"--{f.name.replace('_', '-')}: at most {high[0]} ({high[1]}), not {value}")
     if sum(run.negatives) == 0:
         ap.error("--negatives 0,0,0 leaves no false triples to learn from: give at least one corruption per positive")
     if run.negatives[3:] > (2,):
