@@ -135,19 +135,26 @@ def bench(name, args, models, device, auto):
 
 def recipe_speed(name, recipes, args, device):
     """Sequences/s of train.py's own step (train.build, train.train_step) under each recipe's batch, negatives, prompts
-    and compile, on --steps steps at the quantiles of padded size, after one untimed pass over them (the compile)."""
+    and compile, on --steps steps at the quantiles of padded size, after one untimed pass over them (the compile).
+    RECIPE:MODE overrides the compile: eager, compile, or (CUDA only) cudagraphs, torch.compile's reduce-overhead
+    mode, which replays the step's kernels as CUDA graphs (one per padded length) instead of launching each."""
     import bench_eval  # the peak: a GPU's spec, else a measured matmul
     print(f"\n{name}: train.py's step by recipe ('{bert.resolve_dtype('auto', device)}' dtype), best of {args.repeat}")
-    print(f"{'recipe':8} {'batch':>5} {'seq/step':>8} {'compiled':>8} {'seq/s':>8} {'real tok/s':>11} "
+    print(f"{'recipe':18} {'batch':>5} {'seq/step':>8} {'compiled':>8} {'seq/s':>8} {'real tok/s':>11} "
           f"{'TFLOP/s':>8} {'share of peak':>13}")
     rate, peaks, rows = {}, {}, []
     for recipe in recipes:
-        run = train.parse_args(["--data", name, "--recipe", recipe, "--out", "/nonexistent", "--data-dir",
+        name_mode = recipe.split(":")
+        if name_mode[1:] == ["cudagraphs"] and device.type != "cuda":
+            continue  # CUDA graphs exist on a GPU only
+        run = train.parse_args(["--data", name, "--recipe", name_mode[0], "--out", "/nonexistent", "--data-dir",
                                 args.data_dir or os.environ.get("PALT_DATA", "data")])
+        mode = name_mode[1] if name_mode[1:] else "compile" if run.compile else "eager"
         dtype = bert.resolve_dtype(run.dtype, device)
         model, kg, enc, _, params, opt = train.build(run, dtype, device)
         model.train()
-        forward = torch.compile(model, dynamic=True) if run.compile else model
+        forward = model if mode == "eager" else torch.compile(
+            model, dynamic=True, mode="reduce-overhead" if mode == "cudagraphs" else None)
         neg = data.NegativeSampler(kg, *run.negatives, seed=0).negatives(0)
         per = 1 + neg.shape[1]
         lengths = data.seq_lengths(enc, np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3), run.prompts,
@@ -167,21 +174,23 @@ def recipe_speed(name, recipes, args, device):
         # frozen weights: the backward computes the activations' gradients, not the weights': ~2x the forward
         flop = 2 * bench_eval.flops(cfg, lengths[steps].ravel().astype(np.float64))
         if dtype not in peaks:  # measured once per dtype: the rows share it
-            peaks[dtype] = next((v for k, v in bench_eval.PEAK_BF16.items() if device.type == "cuda" and
-                                 dtype == "bf16" and k in torch.cuda.get_device_name()), None) or bench_eval.matmul_peak(
+            spec = [v for k, v in bench_eval.PEAK_BF16.items()
+                    if device.type == "cuda" and dtype == "bf16" and k in torch.cuda.get_device_name()]
+            peaks[dtype] = spec[0] if spec else bench_eval.matmul_peak(
                 torch.bfloat16 if dtype == "bf16" else torch.float32, device, 8192 if device.type == "cuda" else 1024)
         peak = peaks[dtype]
         rate[recipe] = seqs / t
         rows.append(dict(data=name, recipe=recipe, batch=run.batch, seq_per_step=run.batch * per,
-                         compiled=bool(run.compile), dtype=dtype, seq_per_s=round(seqs / t, 1),
+                         compiled=mode, dtype=dtype, seq_per_s=round(seqs / t, 1),
                          real_tok_per_s=round(real / t), tflops=round(flop / t / 1e12, 3),
                          share_of_peak=round(flop / t / peak, 4), peak_tflops=round(peak / 1e12, 1)))
-        print(f"{recipe:8} {run.batch:5} {run.batch * per:8} {str(bool(run.compile)):>8} {seqs / t:8,.0f} "
-              f"{real / t:11,.0f} {flop / t / 1e12:8.2f} {100 * flop / t / peak:12.1f}% of {peak / 1e12:.0f} "
+        print(f"{recipe:18} {run.batch:5} {run.batch * per:8} {mode:>8} {seqs / t:8,.0f} "
+              f"{real / t:11,.0f} {flop / t / 1e12:8.2f} {100 * flop / t / peak:12.1f}% of {peak / 1e12:.1f} "
               f"TFLOP/s {dtype}")
     if len(rate) > 1:
-        print(" / ".join(rate) + ": x" + f"{rate[recipes[-1]] / rate[recipes[0]]:.2f} seq/s (goal on a GPU, gpu / cpu:"
-              " >= 5, >= 40k seq/s)")
+        first, last = list(rate)[0], list(rate)[-1]
+        print(f"{last} / {first}: x{rate[last] / rate[first]:.2f} seq/s (the goal on a GPU, gpu / cpu: >= 5, >= 40k "
+              "seq/s)")
     return rows
 
 
