@@ -103,7 +103,8 @@ def test_a_recipe_fills_only_what_the_command_line_leaves_open():
     cpu = train.parse_args(["--data", "wn18rr", "--recipe", "cpu", "--lr", "5e-4"])
     assert (cpu.negatives, cpu.dev_sample, cpu.dev_every, cpu.lr, cpu.epochs) == ((1, 0, 1), 100, 500, 5e-4, 1)
     gpu = train.parse_args(["--data", "umls", "--recipe", "gpu"])
-    assert (gpu.batch, gpu.compile) == (8 * train.PRESETS["cpu"]["umls"]["batch"], True)
+    cpu_umls = train.PRESETS["cpu"]["umls"]
+    assert (gpu.batch, gpu.lr, gpu.compile) == (cpu_umls["batch"], cpu_umls["lr"], True)  # the cpu recipe, compiled
     assert train.parse_args(["--data", "umls", "--recipe", "gpu", "--no-compile"]).compile is False
     assert train.parse_args(["--data", "wn18rr", "--recipe", "gpu"]).epochs == 10  # a lease trains the paper's epochs
     paper = train.parse_args(["--data", "wn18rr"])
