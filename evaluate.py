@@ -554,36 +554,42 @@ def parse_args(argv=None):
     return args
 
 
+def check_before_loading(run, shipped):
+    """Everything that can be checked without the model, so that a mistake costs seconds, not a load: (checkpoint
+    metadata or None, graph, output path or None, ranking state folder or None)."""
+    meta = resolve_source(run)
+    if run.max_seq_length is not None:
+        palt.check_seq_length(run.max_seq_length, sum(int(p) for p in meta["prompts"]) if meta else 0)
+    kg = data.load_kg(run.data, run.data_dir, text=meta["text"] if meta else run.text or "name")
+    if meta and meta.get("data_fingerprint") not in (None, kg.fingerprint):
+        raise SystemExit(f"error: {run.ckpt} was trained on other {kg.name} files (fingerprint "
+                         f"{meta['data_fingerprint']}, these are {kg.fingerprint})")
+    if run.task == "tc" and kg.task != "tc":
+        raise SystemExit(f"error: {kg.name} has no labelled dev/test negatives; triple classification needs "
+                         "wn11, fb13 or a folder whose test.tsv has a 4th column (1/-1)")
+    need = {"tc": ["dev", "test"], "lp": [run.split]}.get(run.task, [])
+    for split in [s for s in need if not len(getattr(kg, s))]:
+        raise SystemExit(f"error: {kg.folder / (split + '.tsv')}: no such file (--{run.task} needs it)")
+    for note in kg.notes:
+        print(note, file=sys.stderr)
+    out, state_dir = (run.out and Path(run.out), None) if run.task == "predict" else results_path(run, shipped)
+    if out and out.is_dir():
+        raise SystemExit(f"error: --out {out} is a folder; give the path of a file")
+    if out:
+        files.check_writable(out.parent, f"--out {out}")
+    if run.queries:
+        files.readable(run.queries, data.DataError)
+    if out and run.task == "lp":  # the resumable ranking state
+        files.check_writable(state_dir, f"{out}: its ranking state")
+    return meta, kg, out, state_dir
+
+
 def main(argv=None):
     t0 = time.time()
     run = parse_args(argv)
     shipped = run.ckpt is None and run.model is None
     try:
-        # everything that can be checked without the model is checked first: a mistake costs seconds, not a load
-        meta = resolve_source(run)
-        if run.max_seq_length is not None:
-            palt.check_seq_length(run.max_seq_length, sum(int(p) for p in meta["prompts"]) if meta else 0)
-        kg = data.load_kg(run.data, run.data_dir, text=meta["text"] if meta else run.text or "name")
-        if meta and meta.get("data_fingerprint") not in (None, kg.fingerprint):
-            raise SystemExit(f"error: {run.ckpt} was trained on other {kg.name} files (fingerprint "
-                             f"{meta['data_fingerprint']}, these are {kg.fingerprint})")
-        if run.task == "tc" and kg.task != "tc":
-            raise SystemExit(f"error: {kg.name} has no labelled dev/test negatives; triple classification needs "
-                             "wn11, fb13 or a folder whose test.tsv has a 4th column (1/-1)")
-        need = {"tc": ["dev", "test"], "lp": [run.split]}.get(run.task, [])
-        for split in [s for s in need if not len(getattr(kg, s))]:
-            raise SystemExit(f"error: {kg.folder / (split + '.tsv')}: no such file (--{run.task} needs it)")
-        for note in kg.notes:
-            print(note, file=sys.stderr)
-        out, state_dir = (run.out and Path(run.out), None) if run.task == "predict" else results_path(run, shipped)
-        if out and out.is_dir():
-            raise SystemExit(f"error: --out {out} is a folder; give the path of a file")
-        if out:
-            files.check_writable(out.parent, f"--out {out}")
-        if run.queries:
-            files.readable(run.queries, data.DataError)
-        if out and run.task == "lp":  # the resumable ranking state
-            files.check_writable(state_dir, f"{out}: its ranking state")
+        meta, kg, out, state_dir = check_before_loading(run, shipped)
         ddp_rank, _, world_size, device, dtype = palt.init_distributed(run.dtype)
         if run.compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
             raise SystemExit("error: --compile on CPU needs a C++ compiler (g++, or $CXX): none found")
