@@ -591,8 +591,7 @@ def main(argv=None):
     try:
         meta, kg, out, state_dir = check_before_loading(run, shipped)
         ddp_rank, _, world_size, device, dtype = palt.init_distributed(run.dtype)
-        if run.compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
-            raise SystemExit("error: --compile on CPU needs a C++ compiler (g++, or $CXX): none found")
+        palt.check_compiler(run.compile, device)
         model, tokenizer, info = load_model(run, device)
         palt.check_seq_length(info["max_seq_length"], sum(info["prompts"]), model.bert.config.max_position_embeddings,
                               info["model"])

@@ -5,7 +5,7 @@
   Eq. 2        h' = W_c h + b_c + h   after the attention sublayer of chosen layers  (knowledge calibration)
 W_p and W_c start at zero, so an untrained PALT without prompts computes exactly what BERT computes.
 """
-import json, math, os, sys
+import json, math, os, shutil, sys
 from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
@@ -179,6 +179,12 @@ def init_distributed(dtype_choice):
         print("warning: this CPU has no native bf16 (AVX512_BF16/AMX): --dtype bf16 is emulated and far slower than "
               "fp32 (--dtype auto picks fp32 here)", file=sys.stderr)
     return ddp_rank, ddp_local_rank, world_size, device, dtype
+
+
+def check_compiler(compile, device):
+    """torch.compile on a CPU builds C++ kernels: without a compiler, one line before the model loads."""
+    if compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
+        raise SystemExit("error: --compile on CPU needs a C++ compiler (g++, or $CXX): none found")
 
 
 def check_limits(ap, args, limits):

@@ -3,7 +3,7 @@
   python train.py --data umls --model minilm --epochs 3
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 """
-import argparse, json, os, re, shutil, signal, time, typing
+import argparse, json, os, re, signal, time, typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 import numpy as np
@@ -16,8 +16,8 @@ from bert import DTYPES, CheckpointError, autocast, to_device
 from data import (DATASETS, TEXTS, DataError, NegativeSampler, build_batch, dataset, encode, load_kg, nearest_entities,
                   seq_lengths)
 from files import check_writable
-from palt import (ConfigError, PaltConfig, build_palt, check_limits, check_seq_length, init_distributed, palt_meta,
-                  param_report, read_checkpoint, save_atomic, save_checkpoint, trainable_state)
+from palt import (ConfigError, PaltConfig, build_palt, check_compiler, check_limits, check_seq_length, init_distributed,
+                  palt_meta, param_report, read_checkpoint, save_atomic, save_checkpoint, trainable_state)
 
 # Run's settings per dataset. paper: the paper's appendix (BERT-base, GPU; umls: our choice). cpu: ours for MiniLM on
 # a few CPU cores (RESULTS.md); a big graph's dev MRR is estimated: dev_near nearest scored, dev_sample drawn.
@@ -236,8 +236,7 @@ def main(run):
     ddp_rank, ddp_local_rank, world_size, device, dtype = init_distributed(run.dtype)
     ddp, master_process = world_size > 1 or dist.is_initialized(), ddp_rank == 0
     print0 = lambda *a, **k: print(*a, **k, flush=True) if master_process else None
-    if run.compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
-        raise SystemExit("error: --compile on CPU needs a C++ compiler (g++, or $CXX): none found")
+    check_compiler(run.compile, device)
     if run.batch % world_size:
         raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world_size} ranks")
     out = Path(run.out)
