@@ -256,10 +256,9 @@ def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
 
 # ----------------------------------------------------------------------------- negatives and link prediction
 @torch.inference_mode()
-def nearest_entities(bert, kg, enc, k=32, device="cpu", dtype="fp32", tokens=1 << 14):
-    """(E, k) int64: the k split entities nearest each one by the cosine of the frozen encoder's mean-pooled [CLS] text
-    [SEP] states, itself excluded (outside the splits: itself), the hard cases random draws from 40k entities miss."""
-    S = kg.split_entities
+def entity_embeddings(bert, S, enc, device="cpu", dtype="fp32", tokens=1 << 14):
+    """(len(S), H) unit vectors: the frozen encoder's mean-pooled [CLS] text [SEP] states of the entities S, whose
+    cosines find the near entities (hard negatives, the dev estimate, --predict's shortlist)."""
     n = np.minimum(np.diff(enc.ent_off)[S], 62) + 2  # [CLS] text [SEP], at most 64 tokens
     order, emb, i = np.argsort(-n, kind="stable"), torch.empty(len(S), bert.config.hidden_size), 0
     while i < len(S):  # longest first, batches of at most `tokens` tokens
@@ -273,7 +272,14 @@ def nearest_entities(bert, kg, enc, k=32, device="cpu", dtype="fp32", tokens=1 <
             h = bert(torch.from_numpy(ids).to(device), None, mask.long(), output_hidden_states=True).hidden_states[-1]
         emb[idx] = ((h.float() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)).cpu()
         i += B
-    emb = torch.nn.functional.normalize(emb, dim=-1)
+    return torch.nn.functional.normalize(emb, dim=-1)
+
+
+def nearest_entities(kg, emb, k=32):
+    """(E, k) int64: the k split entities nearest each one by the cosine of their embeddings (entity_embeddings of
+    kg.split_entities),
+    itself excluded (outside the splits: itself), the hard cases random draws from 40k entities miss."""
+    S = kg.split_entities
     near = np.repeat(np.arange(len(kg.entities))[:, None], k, axis=1)
     for s in range(0, len(S) if len(S) > 1 else 0, 1024):  # (1024, |S|) similarities at a time
         sim = emb[s:s + 1024] @ emb.T

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import bert, data, files, palt
 from bigrank import NO_ROWS, Progress, State, gather_rows, select, stratified_ranks
+from shortlist import ALL_UP_TO, SIZE, Shortlist
 
 KS = (1, 3, 10)  # Hits@k
 ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False, finetune=False)
@@ -378,7 +379,7 @@ def parse_query(parts, where):
     raise ValueError(f"{where}: expected HEAD RELATION, HEAD RELATION ? or ? RELATION TAIL, got {' '.join(parts)!r}")
 
 
-def predict(run, scorer, kg, tokenizer):
+def predict(run, scorer, kg, tokenizer, info):
     """The top-k completions of each query (E, r, ?) or (?, r, E); a text:... entity need not be in the graph."""
     queries = [parse_query(run.query, "--predict")] if run.query else []
     if run.queries:  # one a line, tab-separated as on the command line
@@ -402,18 +403,28 @@ def predict(run, scorer, kg, tokenizer):
         scorer.enc = data.encode(kg, tokenizer, new)
     text = lambda i: kg.ent_text[i] if i < E else new[i - E]
     cand = kg.split_entities if run.candidates == "split" else np.arange(E)
+    size = None if run.shortlist == "all" else run.shortlist or (SIZE if len(cand) > ALL_UP_TO else None)
+    short = size and size < len(cand) and Shortlist(kg, scorer, cand, info["identity"], info["weights_sha256"], size)
     rows = ["query\trank\tentity\ttext\tscore\tknown"]
     for e, r, side in resolved:
-        fixed, rel = np.full(len(cand), e), np.full(len(cand), r)
-        triples = np.stack([fixed, rel, cand] if side else [cand, rel, fixed], 1)
+        t = time.time()
+        some = short(e, r, side) if short else cand
+        fixed, rel = np.full(len(some), e), np.full(len(some), r)
+        triples = np.stack([fixed, rel, some] if side else [some, rel, fixed], 1)
         s = scorer.numpy(triples)
         top = np.argsort(-s, kind="stable")[:run.topk]
         known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact
         q = f"({text(e)}, {kg.rel_text[r]}, ?)" if side else f"(?, {kg.rel_text[r]}, {text(e)})"
-        print(f"{q} over {len(cand):,} candidates; score = NSP logit margin; * = a known fact (train/dev/test)")
-        for place, (c, score, k) in enumerate(zip(cand[top], s[top], known), 1):
+        for what, seconds in short.built if short else []:  # once per graph (or relation): cached on disk
+            print(f"built {what} in {seconds:.0f} s, cached in {short.folder}")
+        if short:
+            short.built.clear()
+        over = (f"a shortlist of {len(some):,} of {len(cand):,} candidates (anchor, nearest, type: --shortlist all "
+                "scores every one)") if short else f"{len(cand):,} candidates"
+        print(f"{q} over {over}, {time.time() - t:.1f} s; score = NSP logit margin; * = a known fact (train/dev/test)")
+        for place, (c, score, k) in enumerate(zip(some[top], s[top], known), 1):
             print(f"{place:4} {score:9.4f} {'*' if k else ' '} {kg.entities[c]:24} {kg.ent_text[c]}")
-            rows.append(f"{q}	{place}	{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
+            rows.append(f"{q}\t{place}\t{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
     if run.out:
         files.write_atomic(run.out, lambda f: f.write(("\n".join(rows) + "\n").encode()))
         print(f"wrote {run.out} ({len(rows) - 1} rows)")
@@ -508,6 +519,12 @@ def load_model(run, device):
     return model.to(device).eval(), loaded.tokenizer, info
 
 
+def shortlist_size(text):
+    if text == "all" or (text.isdigit() and int(text) > 0):
+        return text if text == "all" else int(text)
+    raise argparse.ArgumentTypeError(f"expected a number of candidates or all, not {text!r}")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -530,6 +547,8 @@ def parse_args(argv=None):
     ap.add_argument("--raw", action="store_true", help="--lp: print raw (unfiltered) ranks too (always in the JSON)")
     ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation")
     ap.add_argument("--topk", type=int, default=10)
+    ap.add_argument("--shortlist", type=shortlist_size, help=f"--predict: score N candidates "
+                    f"chosen as shortlist.py says, or all (default: {SIZE} where a graph has over {ALL_UP_TO:,})")
     ap.add_argument("--tokens", type=int, help="padded tokens per batch (default 16384 on CPU, 262144 on GPU)")
     ap.add_argument("--block-rows", type=int, default=1 << 16, help="candidate triples scored per block of queries")
     ap.add_argument("--save-every", type=float, default=60, help="seconds between saves of finished queries")
@@ -550,6 +569,8 @@ def parse_args(argv=None):
     except ValueError as e:  # a query that is none; a --data that is neither a benchmark nor a graph's folder
         ap.error(str(e))
     ints = ("limit", "topk", "tokens", "block_rows", "max_seq_length", "stop_after_queries")
+    if args.shortlist is not None and args.task != "predict":
+        ap.error("--shortlist is for --predict only: --lp and --tc always score every candidate")
     palt.check_limits(ap, args, {**{k: (1, True) for k in ints}, "seed": (0, True), "save_every": (0, False)})
     return args
 
@@ -598,7 +619,7 @@ def main(argv=None):
         scorer = Scorer(model, data.encode(kg, tokenizer), info["prompts"], info["max_seq_length"], device, dtype,
                         run.tokens, run.compile)
         if run.task == "predict":
-            return predict(run, scorer, kg, tokenizer) if ddp_rank == 0 else None
+            return predict(run, scorer, kg, tokenizer, info) if ddp_rank == 0 else None
         result, state = (link_prediction(run, scorer, kg, info, state_dir, ddp_rank, world_size) if run.task == "lp"
                          else triple_classification(run, scorer, kg, ddp_rank, world_size))
         if ddp_rank != 0:

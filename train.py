@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import evaluate, palt
+import evaluate
 from bert import DTYPES, CheckpointError, autocast, to_device
-from data import (DATASETS, TEXTS, DataError, NegativeSampler, build_batch, dataset, encode, load_kg, nearest_entities,
-                  seq_lengths)
+from data import (DATASETS, TEXTS, DataError, NegativeSampler, build_batch, dataset, encode, entity_embeddings, load_kg,
+                  nearest_entities, seq_lengths)
 from files import check_writable
 from palt import (ConfigError, PaltConfig, build_palt, check_compiler, check_limits, check_seq_length, init_distributed,
                   palt_meta, param_report, read_checkpoint, save_atomic, save_checkpoint, trainable_state)
@@ -231,6 +231,26 @@ def build(run, dtype, device):
     return model, kg, encode(kg, loaded.tokenizer), meta, params, opt
 
 
+@dataclass(eq=False)
+class Training:
+    """What the steps of a run share, built once by main; `history` (epoch, step, dev curve, best, training seconds)
+    goes into every checkpoint and comes back on --resume."""
+    run: Run
+    out: Path
+    model: torch.nn.Module
+    forward: typing.Callable  # the model under DDP and torch.compile: what a step calls
+    opt: torch.optim.Optimizer
+    params: dict
+    meta: dict
+    history: dict
+    kg: typing.Any
+    enc: typing.Any
+    near: np.ndarray | None
+    device: torch.device
+    dtype: str
+    log0: typing.Callable  # process 0 prints and logs to out/log.txt; the others stay quiet
+
+
 def main(run):
     # torchrun's DDP: ranks from the environment, set_device, one process group
     ddp_rank, ddp_local_rank, world_size, device, dtype = init_distributed(run.dtype)
@@ -247,85 +267,102 @@ def main(run):
     if steps_per_epoch == 0:
         raise SystemExit(f"error: --batch {run.batch} is larger than the {len(kg.train)} train triples")
     total = min(run.epochs * steps_per_epoch, run.max_steps or run.epochs * steps_per_epoch)
-    warm = max(1, int(run.warmup * total))  # learning_rate's warm-up steps
     announce(run, kg, model, f"{dtype} on {device} x {world_size}", print0)
     near = None
     if run.hard_negatives or run.dev_near:  # once per run: 1 s on umls, 3.5 min for WN18RR (1 shared core)
         t = time.time()
-        near = nearest_entities(model.bert, kg, enc, NEAR, device, dtype)
+        near = nearest_entities(kg, entity_embeddings(model.bert, kg.split_entities, enc, device, dtype), NEAR)
         print0(f"nearest {NEAR} entities of each entity by the frozen encoder: {time.time() - t:.0f} s")
     negatives = NegativeSampler(kg, *run.negatives, seed=run.seed, near=near, hard=run.hard_negatives)
     ddp_model = DDP(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None) if ddp else model
     # compiled: the casts, adds, LayerNorms and GELUs between the matmuls fuse; steps vary in length, hence dynamic
     forward = torch.compile(ddp_model, dynamic=True) if run.compile else ddp_model
-
     history = resume(resumed, meta, out / "state.safetensors", model, opt, params)
     log0 = open_log(out, print0) if master_process else print0
     if run.resume:  # in the log too: a resumed run's log shows where it was stopped and continued
         log0(f"resumed from {out}/state.safetensors: epoch {history['epoch']}, step {history['step']}" if resumed
              else f"--resume: no checkpoint in {out} yet, starting from scratch")
+    job = Training(run, out, model, forward, opt, params, meta, history, kg, enc, near, device, dtype, log0)
 
-    step = history["step"]
     for epoch in range(history["epoch"], run.epochs):
-        if step >= total:
+        if history["step"] >= total:
             break
         ddp_model.train()
-        neg = negatives.negatives(epoch)  # (N, n_neg, 3), the same on every rank
-        group = np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3)  # each positive, then its negatives
-        keys = seq_lengths(enc, group, run.prompts, run.max_seq_length).reshape(len(neg), -1).max(1)
-        # process r takes every world_size-th positive of each global step (DistributedSampler's split): similar lengths
-        order = epoch_order(keys, run.batch, epoch, run.seed)[:, ddp_rank::world_size]
-        t0, loss_sum, n_steps, n_real, n_padded = time.time(), torch.zeros((), device=device), 0, 0, 0
-        done = epoch * steps_per_epoch  # steps of the epochs before: a mid-epoch resume starts further on
-        for i in range(step - done, min(len(order), total - done)):  # ... and --max-steps may stop it early
-            idx = order[i]
-            torch.manual_seed(run.seed + 1_000_003 * step + ddp_rank)  # dropout: a step replays exactly on --resume
-            triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
-            batch = build_batch(enc, triples, run.prompts, run.max_seq_length)
-            lr = learning_rate(step, run.lr, warm, total)
-            loss = train_step(forward, opt, params, batch, len(idx), lr, run.grad_clip, dtype, device)
-            step, loss_sum, n_steps = step + 1, loss_sum + loss, n_steps + 1  # no .item(): no wait a step
-            n_real, n_padded = n_real + int(batch["attention_mask"].sum()), n_padded + batch["input_ids"].numel()
-            if step % run.log_every == 0 or i == len(order) - 1 or step == total:
-                dt = time.time() - t0
-                log0(f"epoch {epoch + 1}/{run.epochs} step {step}/{total} loss {loss_sum.item() / n_steps:.4f} "
-                     f"lr {lr:.2e} seq/s {n_steps * len(triples) * world_size / dt:.0f} "
-                     f"padded/real {n_padded / n_real:.2f} {dtype} eta {(total - step) * dt / n_steps / 60:.1f}m")
-            if run.dev_every and step % run.dev_every == 0 and i < len(order) - 1 and step < total:
-                if master_process:  # a point of the curve and a state to resume from; the epoch's end saves the rest
-                    dev, line, spent = dev_point(model, kg, enc, run, device, dtype, near, history,
-                                                 round(epoch + (i + 1) / len(order), 3), step)
-                    if dev:
-                        log0(f"dev at step {step} (epoch {dev['epoch']}): {line}")
-                    t0 += spent
-                    now = {"epoch": epoch, "step": step, "train_wall_s": history["train_wall_s"] + time.time() - t0}
-                    save(out, model, opt, params, meta | history | now, ["state"])
-                if ddp:
-                    dist.barrier()
-            if stop_requested(step, run.log_every, ddp):  # Ctrl-C, or a kill: this step is kept, and resumes
-                if master_process:
-                    now = {"epoch": epoch, "step": step, "train_wall_s": history["train_wall_s"] + time.time() - t0}
-                    save(out, model, opt, params, meta | history | now, ["ckpt", "state"])
-                    log0(f"stopped at step {step} ({STOP[0]}): {out}/ckpt.safetensors holds this step's "
-                         f"weights; --resume continues from {out}/state.safetensors")
-                return finish(model, ddp_model, ddp)
-        history["train_wall_s"] += time.time() - t0
-        history["epoch"], history["step"] = epoch + 1, step
+        if not train_epoch(job, epoch, negatives.negatives(epoch), total, ddp_rank, world_size):
+            return finish(model, ddp_model, ddp)  # stopped by a signal, saved
+        history["epoch"] = epoch + 1
         if master_process:  # dev after every epoch; then best (if better), last checkpoint, and the resume state
-            dev, line, _ = dev_point(model, kg, enc, run, device, dtype, near, history, epoch + 1, step)
-            better = dev is not None and (history["best"] is None or dev["value"] > history["best"])
-            if better:
-                history["best"], history["best_epoch"] = dev["value"], epoch + 1
-            if dev:
-                log0(f"dev after epoch {epoch + 1}: {line}" + (" (best so far)" if better else ""))
-            save(out, model, opt, params, meta | history, ["best"] * better + ["ckpt", "state"])
+            dev_and_save(job, epoch + 1, ["ckpt", "state"])
         if ddp:
             dist.barrier()  # the other ranks wait for rank 0's dev evaluation and saves
     if master_process:
         best = f", best by dev {out}/best.safetensors (epoch {history['best_epoch']})" if history["best_epoch"] else ""
-        print0(f"trained {step} steps in {history['train_wall_s'] / 60:.1f} min ({dtype}); last {out}/ckpt.safetensors "
-               f"({(out / 'ckpt.safetensors').stat().st_size / 2**20:.1f} MiB){best}")
+        print0(f"trained {history['step']} steps in {history['train_wall_s'] / 60:.1f} min ({dtype}); last "
+               f"{out}/ckpt.safetensors ({(out / 'ckpt.safetensors').stat().st_size / 2**20:.1f} MiB){best}")
     return finish(model, ddp_model, ddp)
+
+
+def train_epoch(job, epoch, neg, total, ddp_rank, world_size):
+    """The steps of one epoch over the train positives and their negatives `neg` (N, n_neg, 3), from the step a
+    resumed run stopped at, up to --max-steps; a dev point and a resume state every --dev-every steps. False if a
+    signal stopped it (saved, to resume)."""
+    run, kg, history, device, dtype = job.run, job.kg, job.history, job.device, job.dtype
+    ddp, master_process = world_size > 1 or dist.is_initialized(), ddp_rank == 0
+    group = np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3)  # each positive, then its negatives
+    keys = seq_lengths(job.enc, group, run.prompts, run.max_seq_length).reshape(len(neg), -1).max(1)
+    # process r takes every world_size-th positive of each global step (DistributedSampler's split): similar lengths
+    order = epoch_order(keys, run.batch, epoch, run.seed)[:, ddp_rank::world_size]
+    warm = max(1, int(run.warmup * total))  # learning_rate's warm-up steps
+    wall0, t0 = history["train_wall_s"], time.time()
+    loss_sum, n_steps, n_real, n_padded = torch.zeros((), device=device), 0, 0, 0
+    step, done = history["step"], epoch * len(order)  # steps of the epochs before: a mid-epoch resume starts further on
+    for i in range(step - done, min(len(order), total - done)):
+        idx = order[i]
+        torch.manual_seed(run.seed + 1_000_003 * step + ddp_rank)  # dropout: a step replays exactly on --resume
+        triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
+        batch = build_batch(job.enc, triples, run.prompts, run.max_seq_length)
+        lr = learning_rate(step, run.lr, warm, total)
+        loss_sum += train_step(job.forward, job.opt, job.params, batch, len(idx), lr, run.grad_clip, dtype, device)
+        step, n_steps = step + 1, n_steps + 1  # the loss stays on the device: no .item(), no wait a step
+        n_real, n_padded = n_real + int(batch["attention_mask"].sum()), n_padded + batch["input_ids"].numel()
+        history["step"], last = step, i == len(order) - 1 or step == total
+        if step % run.log_every == 0 or last:
+            dt = time.time() - t0
+            job.log0(f"epoch {epoch + 1}/{run.epochs} step {step}/{total} loss {loss_sum.item() / n_steps:.4f} "
+                     f"lr {lr:.2e} seq/s {n_steps * len(triples) * world_size / dt:.0f} "
+                     f"padded/real {n_padded / n_real:.2f} {dtype} eta {(total - step) * dt / n_steps / 60:.1f}m")
+        if run.dev_every and step % run.dev_every == 0 and not last:  # the epoch's end saves the rest
+            if master_process:  # a point of the curve and a state to resume from
+                history["train_wall_s"], spent = wall0 + time.time() - t0, time.time()
+                dev_and_save(job, round(epoch + (i + 1) / len(order), 3), ["state"])
+                t0 += time.time() - spent  # a dev point counts in no training figure
+            if ddp:
+                dist.barrier()
+        if stop_requested(step, run.log_every, ddp):  # Ctrl-C, or a kill: this step is kept, and resumes
+            history["train_wall_s"] = wall0 + time.time() - t0
+            if master_process:
+                save(job.out, job.model, job.opt, job.params, job.meta | history, ["ckpt", "state"])
+                job.log0(f"stopped at step {step} ({STOP[0]}): {job.out}/ckpt.safetensors holds this step's "
+                         f"weights; --resume continues from {job.out}/state.safetensors")
+            return False
+    history["train_wall_s"] = wall0 + time.time() - t0
+    return True
+
+
+def dev_and_save(job, epoch, names):
+    """Process 0's dev point at `epoch` (mid-epoch: a fraction) into the history and the log, then the saves `names`;
+    at an epoch's end (ckpt among them) also best.safetensors, if dev is the best so far."""
+    history, end = job.history, "ckpt" in names
+    if len(job.kg.dev):  # a graph of one's own may lack dev.tsv
+        dev, line = dev_metric(job.model.eval(), job.kg, job.enc, job.run, job.device, job.dtype, job.near)
+        job.model.train()
+        history["dev"].append({"epoch": epoch, "step": history["step"], **dev})
+        better = end and (history["best"] is None or dev["value"] > history["best"])
+        if better:
+            history["best"], history["best_epoch"], names = dev["value"], epoch, ["best", *names]
+        where = f"after epoch {epoch}" if end else f"at step {history['step']} (epoch {epoch})"
+        job.log0(f"dev {where}: {line}" + (" (best so far)" if better else ""))
+    save(job.out, job.model, job.opt, job.params, job.meta | history, names)
 
 
 def finish(model, ddp_model, ddp):
@@ -424,18 +461,6 @@ def resume(saved, meta, path, model, opt, params):
             step = tensors[f"step.{name}"].reshape(()).to(p.device if opt.defaults.get("fused") else "cpu")
             opt.state[p] = {"step": step, **moments}
     return {k: saved[k] for k in history}
-
-
-def dev_point(model, kg, enc, run, device, dtype, near, history, epoch, step):
-    """Process 0's dev evaluation at (epoch, step), appended to history["dev"]: (that record, its log line, seconds;
-    counted in no training figure), or (None, "", 0) for a graph of one's own without dev.tsv."""
-    if not len(kg.dev):
-        return None, "", 0.0
-    t = time.time()
-    dev, line = dev_metric(model.eval(), kg, enc, run, device, dtype, near)
-    model.train()
-    history["dev"].append({"epoch": epoch, "step": step, **dev})
-    return history["dev"][-1], line, time.time() - t
 
 
 def dev_metric(model, kg, enc, run, device, dtype, near=None):

@@ -92,7 +92,7 @@ def main():
             kg = data.load_kg(task["data"], args.data_dir, text=meta["text"])
         enc = data.encode(kg, loaded.tokenizer)
         if names != (kg.fingerprint, meta["model"], meta["text"]):  # the frozen encoder: once per data, model, text
-            near = data.nearest_entities(model.bert, kg, enc, max(nears), device, dtype)
+            near = data.nearest_entities(kg, data.entity_embeddings(model.bert, kg.split_entities, enc, device, dtype), max(nears))
             names = (kg.fingerprint, meta["model"], meta["text"])
         scorer = evaluate.Scorer(model.eval(), enc, meta["prompts"], meta["max_seq_length"], device, dtype,
                                  compile=args.compile)

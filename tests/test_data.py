@@ -310,7 +310,8 @@ def test_nearest_entities_are_the_brute_force_cosine_neighbours_of_mean_pooled_t
     write_kg(tmp_path, entity2text_txt=ents, train_tsv=train, dev_tsv="e1\tr2\te2\n", test_tsv="e3\tr2\te4\n")
     kg, m = load_kg("umls", tmp_path), bert.load_bert(make_bert_dir(tmp_path / "m", VOCAB[4:]))
     enc = encode(kg, m.tokenizer)
-    near = data.nearest_entities(m.model.eval(), kg, enc, k=4, tokens=40)  # small batches of mixed lengths
+    emb = data.entity_embeddings(m.model.eval(), kg.split_entities, enc, tokens=40)  # small batches, mixed lengths
+    near = data.nearest_entities(kg, emb, k=4)
     with torch.no_grad():
         one = lambda e: m.model(torch.tensor([[enc.cls_id, *enc.ent_ids[enc.ent_off[e]:enc.ent_off[e + 1]], enc.sep_id]]),
                                 output_hidden_states=True).hidden_states[-1][0].mean(0)

@@ -8,7 +8,9 @@ import torch
 import bigrank
 import data
 import evaluate
+import files
 import hub
+import palt
 from evaluate import best_threshold, query_ranks, rank_metrics
 from conftest import FnScorer
 
@@ -289,7 +291,6 @@ def test_a_stopped_ranking_leaves_an_estimate_for_a_smaller_limit(lp_root, tiny_
 @pytest.fixture(scope="module")
 def trained(tiny_bert, lp_root, tmp_path_factory):
     """A PALT with prompts and calibration (random, as if trained) saved as a umls checkpoint."""
-    import palt
     torch.manual_seed(1)
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(prompts=(2, 1, 1), calib_layers=(0,)))
     with torch.no_grad():
@@ -315,7 +316,6 @@ def test_scorer_batches_give_each_triple_its_own_score(trained, device):
 @pytest.fixture(scope="module")
 def long_rows(tiny_bert, lp_root):
     """A PALT whose rows are 20+ tokens long (many prompts), so a batch may mix lengths (15/16 of its longest)."""
-    import palt
     torch.manual_seed(2)
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(prompts=(8, 4, 4), calib_layers=(0,)))
     with torch.no_grad():
@@ -420,6 +420,39 @@ def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp
     assert all(byid[e] == pytest.approx(v, abs=1e-5) for e, v in graph.items() if e in [r[2] for r in rows[7:]])
 
 
+def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, lp_root, tmp_path, capsys, device,
+                                                                      monkeypatch):
+    """--shortlist N scores N candidates: the query's train answers first, then in turns the best of an anchor query's
+    exact scores (the same relation asked of the entity most often asked it in train), the nearest entities, ...; the
+    header says N of how many. The anchor and the embeddings are built once, then read from the cache. --shortlist all,
+    and any graph of few entities, score every candidate."""
+    import shortlist
+    path, model, kg, enc = trained
+    monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
+    base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--topk", "3", "--dtype", "fp32", "apple",
+            "part of"]
+    evaluate.main(base + ["--shortlist", "4"])
+    out = capsys.readouterr().out
+    assert "built anchor (e3, r0, side 1)" in out and "built entity embeddings" in out
+    lines = out.splitlines()[-4:]
+    assert lines[0].startswith("(apple, part of, ?) over a shortlist of 4 of 10 candidates (anchor, nearest, type")
+    scorer = evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device)
+    sha = palt.read_checkpoint(path, tensors=False)[1]["weights_sha256"]
+    short = shortlist.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(path), sha, 4)
+    some = short(0, 0, 1)
+    assert short.built == []  # both parts came from the cache
+    assert some[:2].tolist() == [1, 2] and len(some) == 4  # (apple, part of, e1) and (apple, part of, e2) are in train
+    exact = scorer.numpy([(3, 0, t) for t in kg.split_entities])  # the anchor: e3 is asked (e3, part of, ?) in train
+    assert kg.split_entities[np.argmax(exact)] in some and 0 in some  # the anchor's best; apple is nearest apple
+    s = scorer.numpy([(0, 0, t) for t in some])
+    assert [int(re.search(r" e(\d+) ", line)[1]) for line in lines[1:]] == some[np.argsort(-s, kind="stable")[:3]].tolist()
+    evaluate.main(base + ["--shortlist", "4"])
+    assert "built" not in capsys.readouterr().out
+    for extra in (["--shortlist", "all"], []):
+        evaluate.main(base + extra)
+        assert capsys.readouterr().out.startswith("(apple, part of, ?) over 10 candidates")
+
+
 def test_triple_classification(tiny_bert, tmp_path, capsys, device):
     rng = np.random.default_rng(3)
     dev, test = rng.integers(0, 10, size=(40, 3)) % [10, 2, 10], rng.integers(0, 10, size=(30, 3)) % [10, 2, 10]
@@ -427,7 +460,6 @@ def test_triple_classification(tiny_bert, tmp_path, capsys, device):
     root = write_kg(tmp_path / "d", "WN11", TRAIN, dev.tolist(), test.tolist(), labels=(labels[0].tolist(), labels[1].tolist()))
     common = ["--tc", "--data", "wn11", "--data-dir", root, "--model", tiny_bert, "--dtype", "fp32"]
     got = run_cli(*common, "--out", tmp_path / "tc.json")["metrics"]
-    import palt
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(**evaluate.ZERO_SHOT))
     kg = data.load_kg("wn11", root)
     enc = data.encode(kg, loaded.tokenizer)
@@ -486,7 +518,6 @@ def test_bootstrap_interval_is_seeded_narrows_with_n_and_holds_the_full_set_valu
 
 def save_like(path, trained, **meta):
     """The `trained` checkpoint's tensors at path, its metadata changed or extended by meta."""
-    import palt
     src, model, *_ = trained
     _, base = palt.read_checkpoint(src)
     palt.save_checkpoint(path, model, {k: v for k, v in base.items() if k not in ("palt", "kind")} | meta)

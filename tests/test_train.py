@@ -1,12 +1,11 @@
 """train.py: training lowers the loss, frozen tensors stay frozen, DDP equals one process, --resume replays exactly."""
 import os, re, signal, subprocess, sys
 from pathlib import Path
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import train
+import palt, train
 from bert import load_bert
 from conftest import make_bert_dir, write_tiny_kg
 
@@ -206,13 +205,13 @@ def test_a_failed_save_keeps_the_last_epoch_and_says_how_to_resume(setup, tmp_pa
         real(path, tensors, meta)
 
     monkeypatch.setattr(train, "save_atomic", disk_full_in_epoch_2)  # the resume state
-    monkeypatch.setattr(train.palt, "save_atomic", disk_full_in_epoch_2)  # checkpoints: palt.save_checkpoint
+    monkeypatch.setattr(palt, "save_atomic", disk_full_in_epoch_2)  # checkpoints: palt.save_checkpoint
     with pytest.raises(SystemExit, match=r"cannot write .*ckpt.safetensors \(No space left on device\); the previous "
                                          r"file is kept: fix that and run again with --resume to continue from the last saved state"):
         train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32")))
     state = load_file(tmp_path / "state.safetensors")  # the resume unit still says epoch 1, and --resume finishes
     monkeypatch.setattr(train, "save_atomic", real)
-    monkeypatch.setattr(train.palt, "save_atomic", real)
+    monkeypatch.setattr(palt, "save_atomic", real)
     model = train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32", "--resume")))
     assert "model.prompts" in state and calls.count("state.safetensors") == 1
     assert not torch.equal(state["model.prompts"], model.prompts.detach())  # epoch 2 trained after the resume

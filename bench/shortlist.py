@@ -1,0 +1,156 @@
+"""Measure --predict's shortlist (shortlist.py) against the exact ranking (issue 43): the ground truth, then the list.
+
+    python bench/shortlist.py exact --data fb15k-237 --triples 100      # 200 dev queries (both sides), resumable
+    python bench/shortlist.py exact --data wn18rr --triples 25          # 50 queries, ~3 min each on 2 cores
+    python bench/shortlist.py measure --data fb15k-237 --sizes 250,500,1000,2000    # resumable too
+    python bench/shortlist.py table --data fb15k-237                    # -> results/shortlist-fb15k-237.json
+
+`exact` scores every candidate entity (the split's, as --predict does) of each query with the shipped adapter and
+keeps the top TOP (indices into kg.split_entities, scores) per query in results/shortlist/DATA-exact/qNNNN.npz,
+one file per query as it finishes, so a run stopped anywhere resumes where it stopped and can be committed part-way.
+The queries: the first --triples of one seeded permutation of the dev triples, each asked both ways, (h, r, ?) and
+(?, r, t): a larger --triples extends a smaller one's set.
+
+`measure` asks each of those queries through shortlist.Shortlist as evaluate.py --predict does (train facts only, so
+the dev answer gets no help), scores the first K of its list for each K (timed: the latency after the model loaded;
+anchors and embeddings built on the way are timed apart, as --predict reports them), and compares the top 10 with the
+exact one: the share of the exact top 10 it recovers, and whether it keeps the dev answer when the exact top 10 has it.
+One JSON line per query in results/shortlist/DATA-measure.jsonl; `table` sums them up.
+"""
+import json
+import argparse, sys, time
+from pathlib import Path
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bert, data, evaluate, files, palt  # noqa: E402
+from bigrank import select  # noqa: E402
+
+TOP = 2048  # a shortlist of K scores its top 10 exactly from these, as long as >= 10 of its K are among them
+
+
+def dev_queries(kg, n_triples, seed=0):
+    """(Q, 4) int64 rows (entity, relation, side, answer): side 1 asks (e, r, ?), side 0 (?, r, e)."""
+    tri = kg.dev[select(len(kg.dev), n_triples, seed, ordered=True)]
+    q = np.empty((2 * len(tri), 4), np.int64)
+    q[0::2] = np.stack([tri[:, 0], tri[:, 1], np.ones(len(tri), np.int64), tri[:, 2]], 1)  # tail queries
+    q[1::2] = np.stack([tri[:, 2], tri[:, 1], np.zeros(len(tri), np.int64), tri[:, 0]], 1)  # head queries
+    return q
+
+
+def query_triples(e, r, side, cand):
+    fixed, rel = np.full(len(cand), e), np.full(len(cand), r)
+    return np.stack([fixed, rel, cand] if side else [cand, rel, fixed], 1)
+
+
+def load(name):
+    """(scorer, kg) of the adapter shipped for `name`, in the 'auto' dtype, as evaluate.py --predict builds them."""
+    ckpt = files.ROOT / "weights" / f"palt-{name}-minilm.safetensors"
+    model, meta, loaded = palt.load_checkpoint(ckpt)
+    kg = data.load_kg(name, text=meta["text"])
+    dtype = bert.resolve_dtype("auto", "cpu")
+    scorer = evaluate.Scorer(model, data.encode(kg, loaded.tokenizer), [int(p) for p in meta["prompts"]],
+                             int(meta["max_seq_length"]), "cpu", dtype)
+    return scorer, kg, ckpt, dtype
+
+
+def exact(args):
+    scorer, kg, ckpt, dtype = load(args.data)
+    folder = files.ROOT / "results" / "shortlist" / f"{kg.name}-exact"
+    folder.mkdir(parents=True, exist_ok=True)
+    queries, cand = dev_queries(kg, args.triples), kg.split_entities
+    print(f"{kg.name}: {len(queries)} dev queries x {len(cand):,} candidates, {dtype}, {ckpt.name} -> {folder}")
+    for i, (e, r, side, answer) in enumerate(queries):
+        path = folder / f"q{i:04d}.npz"
+        if path.exists():
+            continue
+        t0 = time.time()
+        s = scorer.numpy(query_triples(e, r, side, cand))
+        seconds = time.time() - t0
+        top = np.argsort(-s, kind="stable")[:TOP]
+        files.write_atomic(path, lambda f: np.savez(f, query=np.array([e, r, side, answer]), top=top.astype(np.int32),
+                                                    score=s[top], seconds=seconds, answer_score=s[cand == answer]))
+        print(f"q{i:04d} {kg.entities[e]} {kg.relations[r]} side {side}: {seconds:.1f} s", flush=True)
+
+
+def measure(args):
+    import shortlist
+    scorer, kg, ckpt, dtype = load(args.data)
+    folder = files.ROOT / "results" / "shortlist"
+    exact_files = sorted((folder / f"{kg.name}-exact").glob("q*.npz"))
+    sizes, cand = sorted(args.sizes), kg.split_entities
+    short = shortlist.Shortlist(kg, scorer, cand, files.sha256_file(ckpt), loaded_base_sha(ckpt), max(sizes))
+    out = folder / f"{kg.name}-measure.jsonl"
+    done = {json.loads(line)["q"] for line in out.read_text().splitlines()} if out.exists() else set()
+    print(f"{kg.name}: {len(exact_files)} exact queries, {len(done)} measured; sizes {sizes}; cache {short.folder}")
+    for path in exact_files:
+        z = np.load(path)
+        e, r, side, answer = (int(x) for x in z["query"])
+        if path.stem in done:
+            continue
+        t = time.time()
+        order = short(e, r, side)
+        row = dict(q=path.stem, query=[e, r, side, answer], list_s=time.time() - t, built=short.built[:], sizes={})
+        short.built.clear()
+        exact10 = cand[z["top"][:10]]
+        row["answer_in_exact_top10"] = bool(answer in exact10)
+        for K in sizes:
+            t = time.time()
+            s = scorer.numpy(query_triples(e, r, side, order[:K]))
+            top10 = order[:K][np.argsort(-s, kind="stable")[:10]]
+            row["sizes"][K] = dict(seconds=time.time() - t, scored=int(min(K, len(order))),
+                                   recovered=int(np.isin(exact10, top10).sum()), answer_kept=bool(answer in top10))
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(path.stem, " ".join(f"K{K}: {v['recovered']}/10 {v['seconds']:.1f}s" for K, v in row["sizes"].items()),
+              "built " + ", ".join(f"{w} {s:.0f}s" for w, s in row["built"]) if row["built"] else "", flush=True)
+
+
+def loaded_base_sha(ckpt):
+    _, meta = palt.read_checkpoint(ckpt, tensors=False)
+    return meta["weights_sha256"]
+
+
+def table(args):
+    rows = [json.loads(line) for line in (files.ROOT / "results" / "shortlist" /
+                                          f"{args.data}-measure.jsonl").read_text().splitlines()]
+    print(f"{args.data}: {len(rows)} dev queries")
+    summary = {}
+    for K in rows[0]["sizes"]:
+        v = [r["sizes"][K] for r in rows]
+        held = [r["sizes"][K]["answer_kept"] for r in rows if r["answer_in_exact_top10"]]
+        summary[K] = dict(queries=len(rows), recovered=float(np.mean([x["recovered"] for x in v]) / 10),
+                          all_ten=float(np.mean([x["recovered"] == 10 for x in v])),
+                          answers_in_exact_top10=len(held), answers_kept=float(np.mean(held)) if held else None,
+                          seconds_median=float(np.median([x["seconds"] for x in v])),
+                          seconds_p90=float(np.percentile([x["seconds"] for x in v], 90)),
+                          scored_median=float(np.median([x["scored"] for x in v])))
+        m = summary[K]
+        print(f"| {args.data} | {K} | {len(rows)} | {100 * m['recovered']:.1f}% | {100 * m['all_ten']:.0f}% | "
+              f"{m['answers_kept'] and 100 * m['answers_kept']:.1f}% of {len(held)} | {m['seconds_median']:.2f} s | "
+              f"{m['seconds_p90']:.2f} s |")
+    built = [s for r in rows for _, s in r["built"]]
+    print(f"built on the way (anchors, embeddings): {len(built)} parts, {sum(built) / 60:.1f} min")
+    result = dict(command="python bench/shortlist.py measure --data " + args.data, data=args.data,
+                  sizes=summary, built_parts=len(built), built_s=sum(built))
+    files.write_atomic(files.ROOT / "results" / f"shortlist-{args.data}.json",
+                       lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="step", required=True)
+    ex = sub.add_parser("exact", help="the exact top of each dev query (resumable)")
+    ex.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
+    ex.add_argument("--triples", type=int, required=True, help="dev triples, each asked both ways")
+    me = sub.add_parser("measure", help="the shortlist's top 10 against the exact one (resumable)")
+    me.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
+    me.add_argument("--sizes", type=lambda x: [int(k) for k in x.split(",")], default=[250, 500, 1000, 2000])
+    ta = sub.add_parser("table", help="sum up measure's lines: results/shortlist-DATA.json")
+    ta.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
+    args = ap.parse_args(argv)
+    {"exact": exact, "measure": measure, "table": table}[args.step](args)
+
+
+if __name__ == "__main__":
+    main()
