@@ -379,20 +379,46 @@ def parse_query(parts, where):
     raise ValueError(f"{where}: expected HEAD RELATION, HEAD RELATION ? or ? RELATION TAIL, got {' '.join(parts)!r}")
 
 
+def read_queries(run):
+    """[(entity, relation, side)] as typed: the one on the command line, or one a line of --queries (tab-separated)."""
+    if not run.queries:
+        return [parse_query(run.query, "--predict")]
+    text = files.read_text(run.queries, data.DataError)[1]
+    try:
+        queries = [parse_query([p.strip() for p in line.split("\t")], f"{run.queries}:{i + 1}")
+                   for i, line in enumerate(text.splitlines()) if line.strip()]
+    except ValueError as e:  # a line that is no query
+        raise SystemExit(f"error: {e}") from None
+    if not queries:
+        raise SystemExit(f"error: {run.queries}:1: no queries")
+    return queries
+
+
+def finished_queries(partial, stamp):
+    """{query number: its TSV rows} that a stopped --queries run wrote to `partial`, whose first line must be `stamp`
+    (the same checkpoint and settings); a query cut off by the stop is left out, and asked again."""
+    if not partial.exists():
+        partial.write_text(stamp + "\n")
+        return {}
+    text = partial.read_text()
+    lines = text.splitlines()
+    if lines[:1] != [stamp]:
+        raise SystemExit(f"error: {partial} holds a stopped run of other settings ({lines[0] if lines else 'empty'}, "
+                         f"not {stamp}); delete it, or choose another --out")
+    done = {}
+    for line in lines[1:]:
+        number, row = line.split("\t", 1)
+        done.setdefault(int(number), []).append(row)
+    if done and not text.endswith("\n"):  # killed while writing its rows
+        done.pop(max(done))
+    return done
+
+
 def predict(run, scorer, kg, tokenizer, info):
-    """The top-k completions of each query (E, r, ?) or (?, r, E); a text:... entity need not be in the graph."""
-    queries = [parse_query(run.query, "--predict")] if run.query else []
-    if run.queries:  # one a line, tab-separated as on the command line
-        text = files.read_text(run.queries, data.DataError)[1]
-        try:
-            queries = [parse_query([p.strip() for p in line.split("\t")], f"{run.queries}:{i + 1}")
-                       for i, line in enumerate(text.splitlines()) if line.strip()]
-        except ValueError as e:  # a line that is no query
-            raise SystemExit(f"error: {e}") from None
-        if not queries:
-            raise SystemExit(f"error: {run.queries}:1: no queries")
+    """The top-k completions of each query (E, r, ?) or (?, r, E); a text:... entity need not be in the graph. On a
+    big graph a shortlist is scored (shortlist.py), said in each header. A --queries run with --out resumes."""
     E, new, resolved = len(kg.entities), [], []
-    for e, r, side in queries:
+    for e, r, side in read_queries(run):
         if e.startswith("text:"):
             new.append(e[5:].strip())
             e = E + len(new) - 1
@@ -405,8 +431,20 @@ def predict(run, scorer, kg, tokenizer, info):
     cand = kg.split_entities if run.candidates == "split" else np.arange(E)
     size = None if run.shortlist == "all" else run.shortlist or (SIZE if len(cand) > ALL_UP_TO else None)
     short = size and size < len(cand) and Shortlist(kg, scorer, cand, info["identity"], info["weights_sha256"], size)
+    partial = run.queries and run.out and Path(str(run.out) + ".partial")  # one line of rows a query, as it ends
+    stamp = (f"# {info['identity'][:16]} queries {files.sha256_file(run.queries)[:16]} topk {run.topk} candidates "
+             f"{run.candidates} shortlist {size or 'all'}") if partial else ""
+    done = finished_queries(partial, stamp) if partial else {}
+    if done:
+        print(f"resumed: {len(done)} of {len(resolved)} queries done in {partial}", file=sys.stderr)
+    progress = Progress(len(resolved), "queries", enabled=len(resolved) > 1)
     rows = ["query\trank\tentity\ttext\tscore\tknown"]
-    for e, r, side in resolved:
+    for number, (e, r, side) in enumerate(resolved):
+        q = f"({text(e)}, {kg.rel_text[r]}, ?)" if side else f"(?, {kg.rel_text[r]}, {text(e)})"
+        if number in done:
+            rows += done[number]
+            progress.update(1)
+            continue
         t = time.time()
         some = short(e, r, side) if short else cand
         fixed, rel = np.full(len(some), e), np.full(len(some), r)
@@ -414,20 +452,28 @@ def predict(run, scorer, kg, tokenizer, info):
         s = scorer.numpy(triples)
         top = np.argsort(-s, kind="stable")[:run.topk]
         known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact
-        q = f"({text(e)}, {kg.rel_text[r]}, ?)" if side else f"(?, {kg.rel_text[r]}, {text(e)})"
-        for what, seconds in short.built if short else []:  # once per graph (or relation): cached on disk
+        for what, seconds in short.built if short else []:  # once per graph, or relation and side: cached on disk
             print(f"built {what} in {seconds:.0f} s, cached in {short.folder}")
         if short:
             short.built.clear()
         over = (f"a shortlist of {len(some):,} of {len(cand):,} candidates (anchor, nearest, type: --shortlist all "
                 "scores every one)") if short else f"{len(cand):,} candidates"
         print(f"{q} over {over}, {time.time() - t:.1f} s; score = NSP logit margin; * = a known fact (train/dev/test)")
+        mine = []
         for place, (c, score, k) in enumerate(zip(some[top], s[top], known), 1):
             print(f"{place:4} {score:9.4f} {'*' if k else ' '} {kg.entities[c]:24} {kg.ent_text[c]}")
-            rows.append(f"{q}\t{place}\t{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
+            mine.append(f"{q}\t{place}\t{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
+        rows += mine
+        if partial:
+            with open(partial, "a") as f:
+                f.write("".join(f"{number}\t{row}\n" for row in mine))
+        progress.update(1)
+    progress.update(0, force=True)
     if run.out:
         files.write_atomic(run.out, lambda f: f.write(("\n".join(rows) + "\n").encode()))
         print(f"wrote {run.out} ({len(rows) - 1} rows)")
+        if partial:
+            partial.unlink()
 
 
 # ----------------------------------------------------------------------------- command line

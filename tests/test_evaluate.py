@@ -453,6 +453,36 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
         assert capsys.readouterr().out.startswith("(apple, part of, ?) over 10 candidates")
 
 
+def test_a_stopped_file_of_queries_resumes_where_it_stopped(trained, lp_root, tmp_path, capsys, monkeypatch):
+    """--queries with --out writes each finished query to OUT.partial; run again, it asks only the rest and writes the
+    TSV an unstopped run writes. A .partial of other settings is refused in one line."""
+    path = trained[0]
+    (tmp_path / "q.tsv").write_text("apple\tpart of\n?\tpart of\tstone\ne4\tr1\ne3\tr0\n")
+    base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--topk", "3", "--dtype", "fp32",
+            "--queries", str(tmp_path / "q.tsv")]
+    evaluate.main(base + ["--out", str(tmp_path / "whole.tsv")])
+    calls, real = [], evaluate.Scorer.numpy
+
+    def stop_at_the_third(self, triples):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, triples)
+    monkeypatch.setattr(evaluate.Scorer, "numpy", stop_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.main(base + ["--out", str(tmp_path / "top.tsv")])
+    assert not (tmp_path / "top.tsv").exists() and len((tmp_path / "top.tsv.partial").read_text().splitlines()) == 7
+    calls.clear()
+    monkeypatch.setattr(evaluate.Scorer, "numpy", lambda self, t: calls.append(1) or real(self, t))
+    evaluate.main(base + ["--out", str(tmp_path / "top.tsv")])
+    assert len(calls) == 2 and "resumed: 2 of 4 queries" in capsys.readouterr().err  # the last two only
+    assert (tmp_path / "top.tsv").read_text() == (tmp_path / "whole.tsv").read_text()
+    assert not (tmp_path / "top.tsv.partial").exists()
+    (tmp_path / "top.tsv.partial").write_text("# 0123456789abcdef queries x topk 3 candidates split shortlist all\n")
+    with pytest.raises(SystemExit, match=r"top.tsv.partial holds a stopped run of other settings"):
+        evaluate.main(base + ["--out", str(tmp_path / "top.tsv")])
+
+
 def test_triple_classification(tiny_bert, tmp_path, capsys, device):
     rng = np.random.default_rng(3)
     dev, test = rng.integers(0, 10, size=(40, 3)) % [10, 2, 10], rng.integers(0, 10, size=(30, 3)) % [10, 2, 10]
