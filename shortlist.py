@@ -3,7 +3,7 @@
 For a query (e, r, side) it takes, in turns until it holds `size`: the best of an anchor query's exact scores (the same
 relation and side asked of another entity: what the model puts first for this relation whatever the entity), the
 entities nearest e by the frozen encoder's text embedding, those nearest e's train answers, and the relation's train
-type by frequency; e's train answers come first. Anchor scores and embeddings are computed once and cached on disk
+type by frequency; e's train answers come first where they are few (at most a quarter of the list). Anchor scores and embeddings are computed once and cached on disk
 ($PALT_CACHE, else ~/.cache/palt), keyed by the checkpoint, the base weights and the data. How much of the exact top 10
 it keeps is measured in bench/shortlist.py (RESULTS.md). --lp and --tc never use it: their metrics score every
 candidate.
@@ -46,7 +46,8 @@ class Shortlist:
         sources = [self.anchor(r, side, typed, e), self.nearest([e]), self.nearest(answers),
                    kinds[np.argsort(-counts, kind="stable")]]
         turns = np.stack([np.resize(s, len(self.cand)) if len(s) else np.full(len(self.cand), -1) for s in sources], 1)
-        order = np.concatenate([answers, turns.ravel()])  # one from each source in turn
+        first = answers if len(answers) <= self.size // 4 else answers[:0]  # thousands (a gender's people): no
+        order = np.concatenate([first, turns.ravel()])  # then one from each source in turn
         order = order[(order >= 0) & (self.pos[np.maximum(order, 0)] >= 0)]
         return order[np.sort(np.unique(order, return_index=True)[1])][:self.size]
 

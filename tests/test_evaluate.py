@@ -422,7 +422,7 @@ def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp
 
 def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, lp_root, tmp_path, capsys, device,
                                                                       monkeypatch):
-    """--shortlist N scores N candidates: the query's train answers first, then in turns the best of an anchor query's
+    """--shortlist N scores N candidates: the query's train answers first (at most N/4 of them), then in turns the best of an anchor query's
     exact scores (the same relation asked of the entity most often asked it in train), the nearest entities, ...; the
     header says N of how many. The anchor and the embeddings are built once, then read from the cache. --shortlist all,
     and any graph of few entities, score every candidate."""
@@ -431,22 +431,22 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
     base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--topk", "3", "--dtype", "fp32", "apple",
             "part of"]
-    evaluate.main(base + ["--shortlist", "4"])
+    evaluate.main(base + ["--shortlist", "8"])
     out = capsys.readouterr().out
     assert "built anchor (e3, r0, side 1)" in out and "built entity embeddings" in out
     lines = out.splitlines()[-4:]
-    assert lines[0].startswith("(apple, part of, ?) over a shortlist of 4 of 10 candidates (anchor, nearest, type")
+    assert lines[0].startswith("(apple, part of, ?) over a shortlist of 8 of 10 candidates (anchor, nearest, type")
     scorer = evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device)
     sha = palt.read_checkpoint(path, tensors=False)[1]["weights_sha256"]
-    short = shortlist.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(path), sha, 4)
+    short = shortlist.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(path), sha, 8)
     some = short(0, 0, 1)
     assert short.built == []  # both parts came from the cache
-    assert some[:2].tolist() == [1, 2] and len(some) == 4  # (apple, part of, e1) and (apple, part of, e2) are in train
+    assert some[:2].tolist() == [1, 2] and len(some) == 8  # (apple, part of, e1), (apple, part of, e2): train, few
     exact = scorer.numpy([(3, 0, t) for t in kg.split_entities])  # the anchor: e3 is asked (e3, part of, ?) in train
     assert kg.split_entities[np.argmax(exact)] in some and 0 in some  # the anchor's best; apple is nearest apple
     s = scorer.numpy([(0, 0, t) for t in some])
     assert [int(re.search(r" e(\d+) ", line)[1]) for line in lines[1:]] == some[np.argsort(-s, kind="stable")[:3]].tolist()
-    evaluate.main(base + ["--shortlist", "4"])
+    evaluate.main(base + ["--shortlist", "8"])
     assert "built" not in capsys.readouterr().out
     for extra in (["--shortlist", "all"], []):
         evaluate.main(base + extra)
