@@ -3,12 +3,12 @@
 For a query (e, r, side) it takes, in turns until it holds `size`: the best of an anchor query's exact scores (the same
 relation and side asked of another entity: what the model puts first for this relation whatever the entity), the
 entities nearest e by the frozen encoder's text embedding, those nearest e's train answers, and the relation's train
-type by frequency; e's train answers come first where they are few (at most a quarter of the list). Anchor scores and embeddings are computed once and cached on disk
-($PALT_CACHE, else ~/.cache/palt), keyed by the checkpoint, the base weights and the data. How much of the exact top 10
-it keeps is measured in bench/shortlist.py (RESULTS.md). --lp and --tc never use it: their metrics score every
-candidate.
+type by frequency; e's train answers come first where they are few (at most a quarter of the list). Anchor scores and
+embeddings are computed once and cached on disk ($PALT_CACHE, else ~/.cache/palt), keyed by the checkpoint, the base
+weights and the data. How much of the exact top 10 it keeps is measured in bench/shortlist.py (RESULTS.md). --lp and
+--tc never use it: their metrics score every candidate.
 """
-import os, time
+import os, sys, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ class Shortlist:
         answers = np.unique(ans[(q == e) & (rel == r)])
         typed = ans[rel == r]
         kinds, counts = np.unique(typed, return_counts=True)
-        sources = [self.anchor(r, side, typed, e), self.nearest([e]), self.nearest(answers),
+        sources = [self.anchor(r, side, e), self.nearest([e]), self.nearest(answers),
                    kinds[np.argsort(-counts, kind="stable")]]
         turns = np.stack([np.resize(s, len(self.cand)) if len(s) else np.full(len(self.cand), -1) for s in sources], 1)
         first = answers if len(answers) <= self.size // 4 else answers[:0]  # thousands (a gender's people): no
@@ -51,7 +51,7 @@ class Shortlist:
         order = order[(order >= 0) & (self.pos[np.maximum(order, 0)] >= 0)]
         return order[np.sort(np.unique(order, return_index=True)[1])][:self.size]
 
-    def anchor(self, r, side, typed, e):
+    def anchor(self, r, side, e):
         """The candidates by the exact score of (a, r, ?) (side 1) or (?, r, a): a the entity most often asked this way
         in train, other than e; computed once and cached."""
         q, rel, _ = self.train[side]
@@ -59,14 +59,15 @@ class Shortlist:
         if not len(asked) or asked.tolist() == [e]:
             return np.empty(0, np.int64)
         a = asked[asked != e][np.argmax(n[asked != e])]
-        path = self.folder / f"anchor-{self.key}-r{r}-s{side}-e{a}.npy"
-        if path.exists():
-            return np.load(path, allow_pickle=False)
+        path = self.folder / f"anchor-{self.key}-{self.scorer.max_seq_length}-{len(self.cand)}-r{r}-s{side}-e{a}.npy"
+        best = load(path)
+        if best is not None:
+            return best
         t = time.time()
         fixed, rr = np.full(len(self.cand), a), np.full(len(self.cand), r)
         s = self.scorer.numpy(np.stack([fixed, rr, self.cand] if side else [self.cand, rr, fixed], 1))
         best = self.cand[np.argsort(-s, kind="stable")[:KEEP]]
-        files.write_atomic(path, lambda f: np.save(f, best))
+        save(path, best)
         self.built.append((f"anchor ({self.kg.entities[a]}, {self.kg.relations[r]}, side {side})", time.time() - t))
         return best
 
@@ -88,11 +89,28 @@ class Shortlist:
     def embeddings(self):
         if self.emb is None:
             path = self.folder / f"embeddings-{self.base_key}-{len(self.cand)}.npy"
-            if path.exists():
-                self.emb = torch.from_numpy(np.load(path, allow_pickle=False)).float()
+            self.emb = load(path)
+            if self.emb is not None:
+                self.emb = torch.from_numpy(self.emb).float()
             else:
                 t, s = time.time(), self.scorer
                 self.emb = data.entity_embeddings(s.model.bert, self.cand, s.enc, s.device, s.dtype).cpu()
-                files.write_atomic(path, lambda f: np.save(f, self.emb.half().numpy()))
+                save(path, self.emb.half().numpy())
                 self.built.append(("entity embeddings", time.time() - t))
         return self.emb
+
+
+def load(path):
+    """A cached array, or None where there is none or it is damaged (then it is computed again)."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+
+
+def save(path, array):
+    """Into the cache; where it cannot be written (read-only, full), the next run computes it again: said, not fatal."""
+    try:
+        files.write_atomic(path, lambda f: np.save(f, array))
+    except OSError as e:
+        print(f"note: cannot cache {path} ({e.strerror or e}); set PALT_CACHE to a writable folder", file=sys.stderr)

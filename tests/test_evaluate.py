@@ -448,6 +448,10 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     assert [int(re.search(r" e(\d+) ", line)[1]) for line in lines[1:]] == some[np.argsort(-s, kind="stable")[:3]].tolist()
     evaluate.main(base + ["--shortlist", "8"])
     assert "built" not in capsys.readouterr().out
+    anchor = next((tmp_path / "cache").glob("*/anchor-*.npy"))
+    anchor.write_bytes(anchor.read_bytes()[:20])  # damaged: built again, and the same
+    evaluate.main(base + ["--shortlist", "8"])
+    assert "built anchor (e3, r0, side 1)" in capsys.readouterr().out
     for extra in (["--shortlist", "all"], []):
         evaluate.main(base + extra)
         assert capsys.readouterr().out.startswith("(apple, part of, ?) over 10 candidates")
