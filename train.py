@@ -37,10 +37,10 @@ PRESETS = {
 PRESETS["paper"]["own"] = PRESETS["paper"]["umls"] | dict(dev_sample=1000)  # a graph of one's own: --data FOLDER
 PRESETS["cpu"]["own"] = PRESETS["cpu"]["umls"] | dict(epochs=5, dev_sample=1000)
 # gpu: the cpu recipe compiled (its batch: 4x and 8x batches with a scaled lr lost on UMLS at an equal number of
-# sequences, RESULTS.md, issue 41), and for the big graphs the paper's 10 epochs with the negatives the CPU sweep
-# chose at 1,000 steps: what a GPU lease runs (bench/gpu_runbook.py)
+# sequences, RESULTS.md, issue 41), and for the big graphs the paper's 10 epochs with what the CPU sweep chose at
+# 1,000 steps (RESULTS.md): FB15k-237 negatives 5,5,5,2; WN18RR hard negatives 0.5. What a lease runs (gpu_runbook)
 PRESETS["gpu"] = {name: p | dict(compile=True) for name, p in PRESETS["cpu"].items()}
-PRESETS["gpu"]["wn18rr"] = PRESETS["gpu"]["wn18rr"] | dict(epochs=10, negatives=(1, 0, 1, 2))  # its sweep: to run
+PRESETS["gpu"]["wn18rr"] = PRESETS["gpu"]["wn18rr"] | dict(epochs=10, negatives=(1, 0, 1, 2), hard_negatives=0.5)
 PRESETS["gpu"]["fb15k-237"] = PRESETS["gpu"]["fb15k-237"] | dict(epochs=10, negatives=(5, 5, 5, 2))
 STOP = []  # the signals received: SIGINT (Ctrl-C) or SIGTERM end a run after the step under way, saved to resume
 NEAR = 32  # --hard-negatives draw from each entity's NEAR nearest entities; --dev-near takes the first of them
@@ -95,8 +95,9 @@ class Run:
     dev_every: int | None = setting(low=(1, True), help="also a dev point and a resume state every N steps")
     dev_near: int | None = setting(low=(1, True), high=(NEAR, "the nearest entities found once per run"),
                                    help="... or estimate the exact ranks: the N nearest scored, --dev-sample draws")
-    hard_negatives: float = setting(0.0, "the share of entity corruptions drawn from the replaced one's nearest",
-                                    low=(0, True), high=(1, "a share of the entity corruptions"))
+    hard_negatives: float | None = setting(None, "the share of entity corruptions drawn from the replaced one's "
+                                           "nearest (default: the recipe's, else 0)", low=(0, True),
+                                           high=(1, "a share of the entity corruptions"))
     warmup: float = setting(0.1, "linear warm-up, a fraction of the steps", low=(0, True),
                             high=(1, "a fraction of the steps"))
     weight_decay: float = setting(0.01, "AdamW's, on matrices only", low=(0, True))
@@ -128,6 +129,7 @@ def parse_args(argv=None):
     for k, v in PRESETS[run.recipe][run.data if run.data in DATASETS else "own"].items():
         if getattr(run, k) is None:
             setattr(run, k, v)
+    run.hard_negatives = run.hard_negatives or 0.0  # a recipe without them: none
     # the bounds beside each field, checked before anything loads
     check_limits(ap, run, {f.name: f.metadata["low"] for f in fields(Run) if f.metadata["low"]})
     for f in fields(Run):

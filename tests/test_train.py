@@ -105,7 +105,10 @@ def test_a_recipe_fills_only_what_the_command_line_leaves_open():
     cpu_umls = train.PRESETS["cpu"]["umls"]
     assert (gpu.batch, gpu.lr, gpu.compile) == (cpu_umls["batch"], cpu_umls["lr"], True)  # the cpu recipe, compiled
     assert train.parse_args(["--data", "umls", "--recipe", "gpu", "--no-compile"]).compile is False
-    assert train.parse_args(["--data", "wn18rr", "--recipe", "gpu"]).epochs == 10  # a lease trains the paper's epochs
+    lease = train.parse_args(["--data", "wn18rr", "--recipe", "gpu"])
+    assert (lease.epochs, lease.hard_negatives) == (10, 0.5)  # a lease trains the paper's epochs, the sweep's choice
+    assert train.parse_args(["--data", "wn18rr", "--recipe", "gpu", "--hard-negatives", "0"]).hard_negatives == 0
+    assert cpu.hard_negatives == 0.0  # a recipe without them: none
     paper = train.parse_args(["--data", "wn18rr"])
     assert (paper.negatives, paper.dev_sample, paper.prompts, paper.lr) == ((5, 5, 5), None, (10, 10, 10), 1e-5)
 
