@@ -10,15 +10,15 @@ turns distinct scores into ties). A true answer tied with k others has optimisti
 realistic r + k/2 (random tie-breaking, as PyKEEN reports); metrics use realistic filtered ranks, the JSON has all.
 --data: the checkpoint's dataset, else umls (wn11 for --tc); no --ckpt and no --model: the adapter shipped for --data.
 """
-import argparse, difflib, json, os, shutil, sys, time
+import argparse, json, os, shutil, sys, time
 from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
 
-import bert, data, files, palt
+import bert, data, files, palt, predict
+from predict import ALL_UP_TO, SIZE
 from bigrank import NO_ROWS, Progress, State, gather_rows, select, stratified_ranks
-from shortlist import ALL_UP_TO, SIZE, Shortlist
 
 KS = (1, 3, 10)  # Hits@k
 ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False, finetune=False)
@@ -352,130 +352,6 @@ def print_tc(result):
     return [f"{m['dev_accuracy']:.4f}", f"{m['test_accuracy']:.4f}"]
 
 
-# ----------------------------------------------------------------------------- predict
-def find(ids, texts, query, what):
-    """Index of the entity/relation with this id, else this text (any case), else the one id or text ending in it."""
-    q = query.lower()
-    for match in (lambda i, t: i == query, lambda i, t: t.lower() == q,
-                  lambda i, t: t.lower().endswith(" " + q) or i.lower().endswith("/" + q)):
-        hits = [k for k, (i, t) in enumerate(zip(ids, texts)) if match(i, t)]
-        if len(hits) == 1:
-            return hits[0]
-        if hits:
-            shown = ", ".join(f"{ids[k]} ({texts[k]})" for k in hits[:5]) + (" ..." if len(hits) > 5 else "")
-            raise SystemExit(f"error: {what} {query!r} is ambiguous: {shown}; give the id")
-    near = difflib.get_close_matches(q, [t.lower() for t in texts], n=3, cutoff=0.6)
-    new = ", or text:... for an entity that is not in the graph" if what == "entity" else ""
-    raise SystemExit(f"error: no {what} {query!r} (by id or text)" + (
-        f"; did you mean {', '.join(repr(t) for t in near)}?" if near else "") + new)
-
-
-def parse_query(parts, where):
-    """HEAD RELATION [?] -> (HEAD, RELATION, 1): tails ranked; ? RELATION TAIL -> (TAIL, RELATION, 0): heads."""
-    if len(parts) == 2 and "?" not in parts:
-        return parts[0], parts[1], 1
-    if len(parts) == 3 and parts.count("?") == 1 and parts[1] != "?":
-        return (parts[0], parts[1], 1) if parts[2] == "?" else (parts[2], parts[1], 0)
-    raise ValueError(f"{where}: expected HEAD RELATION, HEAD RELATION ? or ? RELATION TAIL, got {' '.join(parts)!r}")
-
-
-def read_queries(run):
-    """[(entity, relation, side)] as typed: the one on the command line, or one a line of --queries (tab-separated)."""
-    if not run.queries:
-        return [parse_query(run.query, "--predict")]
-    text = files.read_text(run.queries, data.DataError)[1]
-    try:
-        queries = [parse_query([p.strip() for p in line.split("\t")], f"{run.queries}:{i + 1}")
-                   for i, line in enumerate(text.splitlines()) if line.strip()]
-    except ValueError as e:  # a line that is no query
-        raise SystemExit(f"error: {e}") from None
-    if not queries:
-        raise SystemExit(f"error: {run.queries}:1: no queries")
-    return queries
-
-
-def finished_queries(partial, stamp):
-    """{query number: its TSV rows} that a stopped --queries run wrote to `partial`, whose first line must be `stamp`
-    (the same checkpoint and settings); a query cut off by the stop is left out, and asked again."""
-    if not partial.exists():
-        partial.write_text(stamp + "\n")
-        return {}
-    text = partial.read_text()
-    lines = text.splitlines()
-    if lines[:1] != [stamp]:
-        raise SystemExit(f"error: {partial} holds a stopped run of other settings ({lines[0] if lines else 'empty'}, "
-                         f"not {stamp}); delete it, or choose another --out")
-    done = {}
-    for line in lines[1:]:
-        number, row = line.split("\t", 1)
-        done.setdefault(int(number), []).append(row)
-    if done and not text.endswith("\n"):  # killed while writing its rows
-        done.pop(max(done))
-    return done
-
-
-def predict(run, scorer, kg, tokenizer, info):
-    """The top-k completions of each query (E, r, ?) or (?, r, E); a text:... entity need not be in the graph. On a
-    big graph a shortlist is scored (shortlist.py), said in each header. A --queries run with --out resumes."""
-    E, new, resolved = len(kg.entities), [], []
-    for e, r, side in read_queries(run):
-        if e.startswith("text:"):
-            new.append(e[5:].strip())
-            e = E + len(new) - 1
-        else:
-            e = find(kg.entities, kg.ent_text, e, "entity")
-        resolved.append((e, find(kg.relations, kg.rel_text, r, "relation"), side))
-    if new:  # the new texts are tokenised after the graph's own entities: indices E, E+1, ...
-        scorer.enc = data.encode(kg, tokenizer, new)
-    text = lambda i: kg.ent_text[i] if i < E else new[i - E]
-    cand = kg.split_entities if run.candidates == "split" else np.arange(E)
-    size = None if run.shortlist == "all" else run.shortlist or (SIZE if len(cand) > ALL_UP_TO else None)
-    short = size and size < len(cand) and Shortlist(kg, scorer, cand, info["identity"], info["weights_sha256"], size)
-    partial = run.queries and run.out and Path(str(run.out) + ".partial")  # one line of rows a query, as it ends
-    stamp = (f"# {info['identity'][:16]} queries {files.sha256_file(run.queries)[:16]} topk {run.topk} candidates "
-             f"{run.candidates} shortlist {size or 'all'}") if partial else ""
-    done = finished_queries(partial, stamp) if partial else {}
-    if done:
-        print(f"resumed: {len(done)} of {len(resolved)} queries done in {partial}", file=sys.stderr)
-    progress = Progress(len(resolved), "queries", enabled=len(resolved) > 1)
-    rows = ["query\trank\tentity\ttext\tscore\tknown"]
-    for number, (e, r, side) in enumerate(resolved):
-        q = f"({text(e)}, {kg.rel_text[r]}, ?)" if side else f"(?, {kg.rel_text[r]}, {text(e)})"
-        if number in done:
-            rows += done[number]
-            progress.update(1)
-            continue
-        t = time.time()
-        some = short(e, r, side) if short else cand
-        fixed, rel = np.full(len(some), e), np.full(len(some), r)
-        triples = np.stack([fixed, rel, some] if side else [some, rel, fixed], 1)
-        s = scorer.numpy(triples)
-        top = np.argsort(-s, kind="stable")[:run.topk]
-        known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact
-        for what, seconds in short.built if short else []:  # once per graph, or relation and side: cached on disk
-            print(f"built {what} in {seconds:.0f} s, cached in {short.folder}")
-        if short:
-            short.built.clear()
-        over = (f"a shortlist of {len(some):,} of {len(cand):,} candidates (anchor, nearest, type: --shortlist all "
-                "scores every one)") if short else f"{len(cand):,} candidates"
-        print(f"{q} over {over}, {time.time() - t:.1f} s; score = NSP logit margin; * = a known fact (train/dev/test)")
-        mine = []
-        for place, (c, score, k) in enumerate(zip(some[top], s[top], known), 1):
-            print(f"{place:4} {score:9.4f} {'*' if k else ' '} {kg.entities[c]:24} {kg.ent_text[c]}")
-            mine.append(f"{q}\t{place}\t{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
-        rows += mine
-        if partial:
-            with open(partial, "a") as f:
-                f.write("".join(f"{number}\t{row}\n" for row in mine))
-        progress.update(1)
-    progress.update(0, force=True)
-    if run.out:
-        files.write_atomic(run.out, lambda f: f.write(("\n".join(rows) + "\n").encode()))
-        print(f"wrote {run.out} ({len(rows) - 1} rows)")
-        if partial:
-            partial.unlink()
-
-
 # ----------------------------------------------------------------------------- command line
 def checkpoint_file(path):
     """--ckpt: a checkpoint file, or a run folder of train.py: its best.safetensors (best on dev), else its ckpt."""
@@ -594,7 +470,7 @@ def parse_args(argv=None):
     ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation")
     ap.add_argument("--topk", type=int, default=10)
     ap.add_argument("--shortlist", type=shortlist_size, help=f"--predict: score N candidates "
-                    f"chosen as shortlist.py says, or all (default: {SIZE} where a graph has over {ALL_UP_TO:,})")
+                    f"chosen as predict.py says, or all (default: {SIZE} where a graph has over {ALL_UP_TO:,})")
     ap.add_argument("--tokens", type=int, help="padded tokens per batch (default 16384 on CPU, 262144 on GPU)")
     ap.add_argument("--block-rows", type=int, default=1 << 16, help="candidate triples scored per block of queries")
     ap.add_argument("--save-every", type=float, default=60, help="seconds between saves of finished queries")
@@ -607,7 +483,7 @@ def parse_args(argv=None):
     if args.task == "predict" and bool(args.query) == bool(args.queries):
         ap.error("--predict needs one query (HEAD RELATION, or '?' RELATION TAIL) or --queries FILE")
     try:
-        args.query and parse_query(args.query, "--predict")
+        args.query and predict.parse_query(args.query, "--predict")
         if args.task != "predict" and (args.query or args.queries):
             ap.error(f"unexpected arguments {' '.join(args.query) or '--queries'} (only --predict takes queries)")
         args.data = args.data and (args.data.lower() if args.data.lower() in data.DATASETS else args.data)
@@ -665,7 +541,7 @@ def main(argv=None):
         scorer = Scorer(model, data.encode(kg, tokenizer), info["prompts"], info["max_seq_length"], device, dtype,
                         run.tokens, run.compile)
         if run.task == "predict":
-            return predict(run, scorer, kg, tokenizer, info) if ddp_rank == 0 else None
+            return predict.predict(run, scorer, kg, tokenizer, info) if ddp_rank == 0 else None
         result, state = (link_prediction(run, scorer, kg, info, state_dir, ddp_rank, world_size) if run.task == "lp"
                          else triple_classification(run, scorer, kg, ddp_rank, world_size))
         if ddp_rank != 0:

@@ -1,4 +1,4 @@
-"""Measure --predict's shortlist (shortlist.py) against the exact ranking (issue 43): the ground truth, then the list.
+"""Measure --predict's shortlist (predict.Shortlist) against the exact ranking (issue 43): truth, then the list.
 
     python bench/shortlist.py exact --data fb15k-237 --triples 100      # 200 dev queries (both sides), resumable
     python bench/shortlist.py exact --data wn18rr --triples 25          # 50 queries, ~3 min each on 2 cores
@@ -12,7 +12,7 @@ one file per query as it finishes, so a run stopped anywhere resumes where it st
 The queries: the first --triples of one seeded permutation of the dev triples, each asked both ways, (h, r, ?) and
 (?, r, t): a larger --triples extends a smaller one's set.
 
-`measure` asks each of those queries through shortlist.Shortlist as evaluate.py --predict does (train facts only, so
+`measure` asks each of those queries through predict.Shortlist as evaluate.py --predict does (train facts only, so
 the dev answer gets no help), scores the first K of its list for each K (timed: the latency after the model loaded;
 anchors and embeddings built on the way are timed apart, as --predict reports them), and compares the top 10 with the
 exact one: the share of the exact top 10 it recovers, and whether it keeps the dev answer when the exact top 10 has it.
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert, data, evaluate, files, palt  # noqa: E402
+import bert, data, evaluate, files, palt, predict  # noqa: E402
 from bigrank import select  # noqa: E402
 
 TOP = 2048  # a shortlist of K scores its top 10 exactly from these, as long as >= 10 of its K are among them
@@ -77,12 +77,11 @@ def exact(args):
 
 
 def measure(args):
-    import shortlist
     scorer, kg, ckpt, dtype = load(args.data)
     folder = files.ROOT / "results" / "shortlist"
     exact_files = sorted((folder / f"{kg.name}-exact").glob("q*.npz"))
     sizes, cand = sorted(args.sizes), kg.split_entities
-    short = shortlist.Shortlist(kg, scorer, cand, files.sha256_file(ckpt), loaded_base_sha(ckpt), max(sizes))
+    short = predict.Shortlist(kg, scorer, cand, files.sha256_file(ckpt), loaded_base_sha(ckpt), max(sizes))
     out = folder / f"{kg.name}-measure.jsonl"
     done = {json.loads(line)["q"] for line in out.read_text().splitlines()} if out.exists() else set()
     print(f"{kg.name}: {len(exact_files)} exact queries, {len(done)} measured; sizes {sizes}; cache {short.folder}")
@@ -143,11 +142,10 @@ def table(args):
 
 
 def latency(args):
-    import shortlist
     scorer, kg, ckpt, dtype = load(args.data)
     rows = [json.loads(line) for line in (files.ROOT / "results" / "shortlist" /
                                           f"{kg.name}-measure.jsonl").read_text().splitlines()][:args.queries]
-    short = shortlist.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(ckpt), loaded_base_sha(ckpt),
+    short = predict.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(ckpt), loaded_base_sha(ckpt),
                                 args.size)
     short.embeddings()
     seconds = []

@@ -11,6 +11,7 @@ import evaluate
 import files
 import hub
 import palt
+import predict
 from evaluate import best_threshold, query_ranks, rank_metrics
 from conftest import FnScorer
 
@@ -426,7 +427,6 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     exact scores (the same relation asked of the entity most often asked it in train), the nearest entities, ...; the
     header says N of how many. The anchor and the embeddings are built once, then read from the cache. --shortlist all,
     and any graph of few entities, score every candidate."""
-    import shortlist
     path, model, kg, enc = trained
     monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
     base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--topk", "3", "--dtype", "fp32", "apple",
@@ -438,7 +438,7 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     assert lines[0].startswith("(apple, part of, ?) over a shortlist of 8 of 10 candidates (anchor, nearest, type")
     scorer = evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device)
     sha = palt.read_checkpoint(path, tensors=False)[1]["weights_sha256"]
-    short = shortlist.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(path), sha, 8)
+    short = predict.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(path), sha, 8)
     some = short(0, 0, 1)
     assert short.built == []  # both parts came from the cache
     assert some[:2].tolist() == [1, 2] and len(some) == 8  # (apple, part of, e1), (apple, part of, e2): train, few
@@ -514,11 +514,11 @@ def test_triple_classification(tiny_bert, tmp_path, capsys, device):
 def test_find_by_id_text_or_unique_ending():
     ids = ["/people/person/profession", "/people/profession/specialization_of", "/film/film/genre", "/music/genre"]
     texts = ["people person profession", "people profession specialization of", "film film genre", "music genre"]
-    assert evaluate.find(ids, texts, "/film/film/genre", "relation") == 2
-    assert evaluate.find(ids, texts, "People Person Profession", "relation") == 0
-    assert evaluate.find(ids, texts, "profession", "relation") == 0  # the only id or text that ends in it
+    assert predict.find(ids, texts, "/film/film/genre", "relation") == 2
+    assert predict.find(ids, texts, "People Person Profession", "relation") == 0
+    assert predict.find(ids, texts, "profession", "relation") == 0  # the only id or text that ends in it
     with pytest.raises(SystemExit, match="'genre' is ambiguous: /film/film/genre .*, /music/genre"):
-        evaluate.find(ids, texts, "genre", "relation")
+        predict.find(ids, texts, "genre", "relation")
 
 # ----------------------------------------------------------------------------- estimates carry an interval
 

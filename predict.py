@@ -1,0 +1,241 @@
+"""--predict: the top-k completions of a query or of a file of them (resumable), and on big graphs the shortlist that
+makes a query take seconds (its agreement with the exact ranking is measured by bench/shortlist.py, RESULTS.md).
+
+The shortlist of a query (e, r, side) takes, in turns until it holds `size`: the best of an anchor query's exact
+scores (the same relation and side asked of another entity: what the model puts first for this relation whatever the
+entity), the entities nearest e by the frozen encoder's text embedding, those nearest e's train answers, and the
+relation's train type by frequency; e's train answers come first where they are few (at most a quarter of the list).
+Anchor scores and embeddings are computed once and cached on disk ($PALT_CACHE, else ~/.cache/palt), keyed by the
+checkpoint, the base weights and the data. --lp and --tc never use it: their metrics score every candidate.
+"""
+import difflib, os, sys, time
+from pathlib import Path
+import numpy as np
+import torch
+
+import data, files
+from bigrank import Progress
+
+SIZE = 1000  # candidates scored a query: chosen by bench/shortlist.py's table (RESULTS.md)
+ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
+KEEP = 4096  # an anchor's best candidates kept in its cache file
+
+
+def cache_dir():
+    return Path(os.environ.get("PALT_CACHE") or Path.home() / ".cache" / "palt")
+
+
+class Shortlist:
+    def __init__(self, kg, scorer, cand, key, base_key, size=SIZE):
+        """kg's train facts give the answers and types; scorer scores the anchors (over the candidates `cand`);
+        key names the checkpoint (its sha256) and base_key the frozen encoder (weights sha256) in the cache."""
+        self.kg, self.scorer, self.cand, self.size = kg, scorer, cand, size
+        self.folder = cache_dir() / f"{kg.name}-{kg.fingerprint}-{kg.text}"
+        self.key, self.base_key, self.emb = key[:16], base_key[:16], None
+        h, r, t = kg.train.T
+        self.train = {1: (h, r, t), 0: (t, r, h)}  # side -> (query entity, relation, answer) of every train fact
+        self.pos = np.full(len(kg.entities), -1)  # entity -> its index in cand
+        self.pos[cand] = np.arange(len(cand))
+        self.built = []  # (what, seconds) of the cached parts computed for the queries so far
+
+    def __call__(self, e, r, side):
+        """(candidates, best first by source) of the query (e, r, side): at most `size` of `cand`."""
+        q, rel, ans = self.train[side]
+        answers = np.unique(ans[(q == e) & (rel == r)])
+        typed = ans[rel == r]
+        kinds, counts = np.unique(typed, return_counts=True)
+        sources = [self.anchor(r, side, e), self.nearest([e]), self.nearest(answers),
+                   kinds[np.argsort(-counts, kind="stable")]]
+        turns = np.stack([np.resize(s, len(self.cand)) if len(s) else np.full(len(self.cand), -1) for s in sources], 1)
+        first = answers if len(answers) <= self.size // 4 else answers[:0]  # thousands (a gender's people): no
+        order = np.concatenate([first, turns.ravel()])  # then one from each source in turn
+        order = order[(order >= 0) & (self.pos[np.maximum(order, 0)] >= 0)]
+        return order[np.sort(np.unique(order, return_index=True)[1])][:self.size]
+
+    def anchor(self, r, side, e):
+        """The candidates by the exact score of (a, r, ?) (side 1) or (?, r, a): a the entity most often asked this way
+        in train, other than e; computed once and cached."""
+        q, rel, _ = self.train[side]
+        asked, n = np.unique(q[rel == r], return_counts=True)
+        if not len(asked) or asked.tolist() == [e]:
+            return np.empty(0, np.int64)
+        a = asked[asked != e][np.argmax(n[asked != e])]
+        path = self.folder / f"anchor-{self.key}-{self.scorer.max_seq_length}-{len(self.cand)}-r{r}-s{side}-e{a}.npy"
+        best = load(path)
+        if best is not None:
+            return best
+        t = time.time()
+        fixed, rr = np.full(len(self.cand), a), np.full(len(self.cand), r)
+        s = self.scorer.numpy(np.stack([fixed, rr, self.cand] if side else [self.cand, rr, fixed], 1))
+        best = self.cand[np.argsort(-s, kind="stable")[:KEEP]]
+        save(path, best)
+        self.built.append((f"anchor ({self.kg.entities[a]}, {self.kg.relations[r]}, side {side})", time.time() - t))
+        return best
+
+    def nearest(self, entities, k=256):
+        """The candidates nearest any of `entities` (max cosine of the frozen encoder's embeddings), best first; an
+        entity new to the graph (text:...) is embedded on the spot."""
+        if not len(entities):
+            return np.empty(0, np.int64)
+        entities = np.asarray(entities)
+        inside = entities < len(self.pos)
+        inside[inside] = self.pos[entities[inside]] >= 0
+        emb, s = self.embeddings(), self.scorer
+        vec = emb[self.pos[entities[inside]]]
+        if not inside.all():
+            vec = torch.cat([vec, data.entity_embeddings(s.model.bert, entities[~inside], s.enc, s.device, s.dtype)])
+        sim = (emb @ vec.T).max(1).values
+        return self.cand[sim.topk(min(k, len(sim))).indices.numpy()]
+
+    def embeddings(self):
+        if self.emb is None:
+            path = self.folder / f"embeddings-{self.base_key}-{len(self.cand)}.npy"
+            self.emb = load(path)
+            if self.emb is not None:
+                self.emb = torch.from_numpy(self.emb).float()
+            else:
+                t, s = time.time(), self.scorer
+                self.emb = data.entity_embeddings(s.model.bert, self.cand, s.enc, s.device, s.dtype).cpu()
+                save(path, self.emb.half().numpy())
+                self.built.append(("entity embeddings", time.time() - t))
+        return self.emb
+
+
+def load(path):
+    """A cached array, or None where there is none or it is damaged (then it is computed again)."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+
+
+def save(path, array):
+    """Into the cache; where it cannot be written (read-only, full), the next run computes it again: said, not fatal."""
+    try:
+        files.write_atomic(path, lambda f: np.save(f, array))
+    except OSError as e:
+        print(f"note: cannot cache {path} ({e.strerror or e}); set PALT_CACHE to a writable folder", file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------- queries
+def find(ids, texts, query, what):
+    """Index of the entity/relation with this id, else this text (any case), else the one id or text ending in it."""
+    q = query.lower()
+    for match in (lambda i, t: i == query, lambda i, t: t.lower() == q,
+                  lambda i, t: t.lower().endswith(" " + q) or i.lower().endswith("/" + q)):
+        hits = [k for k, (i, t) in enumerate(zip(ids, texts)) if match(i, t)]
+        if len(hits) == 1:
+            return hits[0]
+        if hits:
+            shown = ", ".join(f"{ids[k]} ({texts[k]})" for k in hits[:5]) + (" ..." if len(hits) > 5 else "")
+            raise SystemExit(f"error: {what} {query!r} is ambiguous: {shown}; give the id")
+    near = difflib.get_close_matches(q, [t.lower() for t in texts], n=3, cutoff=0.6)
+    new = ", or text:... for an entity that is not in the graph" if what == "entity" else ""
+    raise SystemExit(f"error: no {what} {query!r} (by id or text)" + (
+        f"; did you mean {', '.join(repr(t) for t in near)}?" if near else "") + new)
+
+
+def parse_query(parts, where):
+    """HEAD RELATION [?] -> (HEAD, RELATION, 1): tails ranked; ? RELATION TAIL -> (TAIL, RELATION, 0): heads."""
+    if len(parts) == 2 and "?" not in parts:
+        return parts[0], parts[1], 1
+    if len(parts) == 3 and parts.count("?") == 1 and parts[1] != "?":
+        return (parts[0], parts[1], 1) if parts[2] == "?" else (parts[2], parts[1], 0)
+    raise ValueError(f"{where}: expected HEAD RELATION, HEAD RELATION ? or ? RELATION TAIL, got {' '.join(parts)!r}")
+
+
+def read_queries(run):
+    """[(entity, relation, side)] as typed: the one on the command line, or one a line of --queries (tab-separated)."""
+    if not run.queries:
+        return [parse_query(run.query, "--predict")]
+    text = files.read_text(run.queries, data.DataError)[1]
+    try:
+        queries = [parse_query([p.strip() for p in line.split("\t")], f"{run.queries}:{i + 1}")
+                   for i, line in enumerate(text.splitlines()) if line.strip()]
+    except ValueError as e:  # a line that is no query
+        raise SystemExit(f"error: {e}") from None
+    if not queries:
+        raise SystemExit(f"error: {run.queries}:1: no queries")
+    return queries
+
+
+def finished_queries(partial, stamp):
+    """{query number: its TSV rows} that a stopped --queries run wrote to `partial`, whose first line must be `stamp`
+    (the same checkpoint and settings); a query cut off by the stop is left out, and asked again."""
+    if not partial.exists():
+        partial.write_text(stamp + "\n")
+        return {}
+    text = partial.read_text()
+    lines = text.splitlines()
+    if lines[:1] != [stamp]:
+        raise SystemExit(f"error: {partial} holds a stopped run of other settings ({lines[0] if lines else 'empty'}, "
+                         f"not {stamp}); delete it, or choose another --out")
+    done = {}
+    for line in lines[1:]:
+        number, row = line.split("\t", 1)
+        done.setdefault(int(number), []).append(row)
+    if done and not text.endswith("\n"):  # killed while writing its rows
+        done.pop(max(done))
+    return done
+
+
+def predict(run, scorer, kg, tokenizer, info):
+    """The top-k completions of each query (E, r, ?) or (?, r, E); a text:... entity need not be in the graph. On a
+    big graph a shortlist is scored (Shortlist), said in each header. A --queries run with --out resumes."""
+    E, new, resolved = len(kg.entities), [], []
+    for e, r, side in read_queries(run):
+        if e.startswith("text:"):
+            new.append(e[5:].strip())
+            e = E + len(new) - 1
+        else:
+            e = find(kg.entities, kg.ent_text, e, "entity")
+        resolved.append((e, find(kg.relations, kg.rel_text, r, "relation"), side))
+    if new:  # the new texts are tokenised after the graph's own entities: indices E, E+1, ...
+        scorer.enc = data.encode(kg, tokenizer, new)
+    text = lambda i: kg.ent_text[i] if i < E else new[i - E]
+    cand = kg.split_entities if run.candidates == "split" else np.arange(E)
+    size = None if run.shortlist == "all" else run.shortlist or (SIZE if len(cand) > ALL_UP_TO else None)
+    short = size and size < len(cand) and Shortlist(kg, scorer, cand, info["identity"], info["weights_sha256"], size)
+    partial = run.queries and run.out and Path(str(run.out) + ".partial")  # one line of rows a query, as it ends
+    stamp = (f"# {info['identity'][:16]} queries {files.sha256_file(run.queries)[:16]} topk {run.topk} candidates "
+             f"{run.candidates} shortlist {size or 'all'}") if partial else ""
+    done = finished_queries(partial, stamp) if partial else {}
+    if done:
+        print(f"resumed: {len(done)} of {len(resolved)} queries done in {partial}", file=sys.stderr)
+    progress = Progress(len(resolved), "queries", enabled=len(resolved) > 1)
+    rows = ["query\trank\tentity\ttext\tscore\tknown"]
+    for number, (e, r, side) in enumerate(resolved):
+        q = f"({text(e)}, {kg.rel_text[r]}, ?)" if side else f"(?, {kg.rel_text[r]}, {text(e)})"
+        if number in done:
+            rows += done[number]
+            progress.update(1)
+            continue
+        t = time.time()
+        some = short(e, r, side) if short else cand
+        fixed, rel = np.full(len(some), e), np.full(len(some), r)
+        triples = np.stack([fixed, rel, some] if side else [some, rel, fixed], 1)
+        s = scorer.numpy(triples)
+        top = np.argsort(-s, kind="stable")[:run.topk]
+        known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact
+        for what, seconds in short.built if short else []:  # once per graph, or relation and side: cached on disk
+            print(f"built {what} in {seconds:.0f} s, cached in {short.folder}")
+        if short:
+            short.built.clear()
+        over = (f"a shortlist of {len(some):,} of {len(cand):,} candidates (anchor, nearest, type: --shortlist all "
+                "scores every one)") if short else f"{len(cand):,} candidates"
+        print(f"{q} over {over}, {time.time() - t:.1f} s; score = NSP logit margin; * = a known fact (train/dev/test)")
+        mine = []
+        for place, (c, score, k) in enumerate(zip(some[top], s[top], known), 1):
+            print(f"{place:4} {score:9.4f} {'*' if k else ' '} {kg.entities[c]:24} {kg.ent_text[c]}")
+            mine.append(f"{q}\t{place}\t{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
+        rows += mine
+        if partial:
+            with open(partial, "a") as f:
+                f.write("".join(f"{number}\t{row}\n" for row in mine))
+        progress.update(1)
+    progress.update(0, force=True)
+    if run.out:
+        files.write_atomic(run.out, lambda f: f.write(("\n".join(rows) + "\n").encode()))
+        print(f"wrote {run.out} ({len(rows) - 1} rows)")
+        if partial:
+            partial.unlink()
