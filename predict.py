@@ -16,7 +16,9 @@ import torch
 import data, files
 from bigrank import Progress
 
-SIZE = 1000  # candidates scored a query: chosen by bench/shortlist.py's table (RESULTS.md)
+# candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 96.9% of the exact top 10
+# at 2,000 (1.9 s a query on 2 cores), 94.5% at 1,000; WN18RR's longer texts take 2.8 s at 1,000 (its table: to come)
+SIZES, SIZE = {"fb15k-237": 2000}, 1000
 ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
 KEEP = 4096  # an anchor's best candidates kept in its cache file
 
@@ -194,7 +196,8 @@ def predict(run, scorer, kg, tokenizer, info):
         scorer.enc = data.encode(kg, tokenizer, new)
     text = lambda i: kg.ent_text[i] if i < E else new[i - E]
     cand = kg.split_entities if run.candidates == "split" else np.arange(E)
-    size = None if run.shortlist == "all" else run.shortlist or (SIZE if len(cand) > ALL_UP_TO else None)
+    size = None if run.shortlist == "all" else run.shortlist or (SIZES.get(kg.name, SIZE) if len(cand) > ALL_UP_TO
+                                                                 else None)
     short = size and size < len(cand) and Shortlist(kg, scorer, cand, info["identity"], info["weights_sha256"], size)
     partial = run.queries and run.out and Path(str(run.out) + ".partial")  # one line of rows a query, as it ends
     stamp = (f"# {info['identity'][:16]} queries {files.sha256_file(run.queries)[:16]} topk {run.topk} candidates "

@@ -163,12 +163,12 @@ def latency(args):
         loadavg = float(f.read().split()[0])  # the other work on the CPU meanwhile
     out = files.ROOT / "results" / f"shortlist-{kg.name}.json"
     result = json.loads(out.read_text()) if out.exists() else {}
-    result["latency"] = dict(command=f"python bench/shortlist.py latency --data {kg.name} --size {args.size} "
-                             f"--queries {args.queries}", size=args.size, queries=len(seconds),
-                             threads=torch.get_num_threads(), dtype=dtype, load_average_1min=loadavg,
-                             median_s=float(np.median(seconds)), p90_s=float(np.percentile(seconds, 90)),
-                             max_s=float(np.max(seconds)))
-    print(result["latency"])
+    command = f"python bench/shortlist.py latency --data {kg.name} --size {args.size} --queries {args.queries}"
+    result.setdefault("latency", {})[str(args.size)] = dict(
+        command=command, size=args.size, queries=len(seconds), threads=torch.get_num_threads(), dtype=dtype,
+        load_average_1min=loadavg, median_s=float(np.median(seconds)), p90_s=float(np.percentile(seconds, 90)),
+        max_s=float(np.max(seconds)))
+    print(result["latency"][str(args.size)])
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
 
 
