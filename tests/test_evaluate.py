@@ -487,6 +487,16 @@ def test_a_stopped_file_of_queries_resumes_where_it_stopped(trained, lp_root, tm
         evaluate.main(base + ["--out", str(tmp_path / "top.tsv")])
 
 
+def test_predictions_piped_into_head_end_quietly(trained, lp_root):
+    """`evaluate.py --predict ... | head -1` closes the pipe early: no traceback."""
+    cmd = (f"{sys.executable} evaluate.py --predict --data-dir {lp_root} --ckpt {trained[0]} --dtype fp32 "
+           "--queries /dev/stdin --topk 10 | head -1")
+    queries = "apple\tpart of\n" * 200  # more lines than a pipe's buffer holds
+    proc = subprocess.run(cmd, shell=True, cwd=ROOT, input=queries, capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.stdout.startswith("(apple, part of, ?) over 10 candidates") and "Traceback" not in proc.stderr
+
+
 def test_triple_classification(tiny_bert, tmp_path, capsys, device):
     rng = np.random.default_rng(3)
     dev, test = rng.integers(0, 10, size=(40, 3)) % [10, 2, 10], rng.integers(0, 10, size=(30, 3)) % [10, 2, 10]
