@@ -23,6 +23,12 @@ ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a s
 KEEP = 4096  # an anchor's best candidates kept in its cache file
 
 
+def query_triples(e, r, side, cand):
+    """(len(cand), 3) triples of the query: (e, r, c) for side 1 (tails ranked), (c, r, e) for side 0."""
+    fixed, rel = np.full(len(cand), e), np.full(len(cand), r)
+    return np.stack([fixed, rel, cand] if side else [cand, rel, fixed], 1)
+
+
 def cache_dir():
     return Path(os.environ.get("PALT_CACHE") or Path.home() / ".cache" / "palt")
 
@@ -67,8 +73,7 @@ class Shortlist:
         if best is not None:
             return best
         t = time.time()
-        fixed, rr = np.full(len(self.cand), a), np.full(len(self.cand), r)
-        s = self.scorer.numpy(np.stack([fixed, rr, self.cand] if side else [self.cand, rr, fixed], 1))
+        s = self.scorer.numpy(query_triples(a, r, side, self.cand))
         best = self.cand[np.argsort(-s, kind="stable")[:KEEP]]
         save(path, best)
         self.built.append((f"anchor ({self.kg.entities[a]}, {self.kg.relations[r]}, side {side})", time.time() - t))
@@ -215,8 +220,7 @@ def predict(run, scorer, kg, tokenizer, info):
             continue
         t = time.time()
         some = short(e, r, side) if short else cand
-        fixed, rel = np.full(len(some), e), np.full(len(some), r)
-        triples = np.stack([fixed, rel, some] if side else [some, rel, fixed], 1)
+        triples = query_triples(e, r, side, some)
         s = scorer.numpy(triples)
         top = np.argsort(-s, kind="stable")[:run.topk]
         known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact

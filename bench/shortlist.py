@@ -41,11 +41,6 @@ def dev_queries(kg, n_triples, seed=0):
     return q
 
 
-def query_triples(e, r, side, cand):
-    fixed, rel = np.full(len(cand), e), np.full(len(cand), r)
-    return np.stack([fixed, rel, cand] if side else [cand, rel, fixed], 1)
-
-
 def load(name):
     """(scorer, kg) of the adapter shipped for `name`, in the 'auto' dtype, as evaluate.py --predict builds them."""
     ckpt = files.ROOT / "weights" / f"palt-{name}-minilm.safetensors"
@@ -68,7 +63,7 @@ def exact(args):
         if path.exists():
             continue
         t0 = time.time()
-        s = scorer.numpy(query_triples(e, r, side, cand))
+        s = scorer.numpy(predict.query_triples(e, r, side, cand))
         seconds = time.time() - t0
         top = np.argsort(-s, kind="stable")[:TOP]
         files.write_atomic(path, lambda f: np.savez(f, query=np.array([e, r, side, answer]), top=top.astype(np.int32),
@@ -98,7 +93,7 @@ def measure(args):
         row["answer_in_exact_top10"] = bool(answer in exact10)
         for K in sizes:
             t = time.time()
-            s = scorer.numpy(query_triples(e, r, side, order[:K]))
+            s = scorer.numpy(predict.query_triples(e, r, side, order[:K]))
             top10 = order[:K][np.argsort(-s, kind="stable")[:10]]
             row["sizes"][K] = dict(seconds=time.time() - t, scored=int(min(K, len(order))),
                                    recovered=int(np.isin(exact10, top10).sum()), answer_kept=bool(answer in top10))
@@ -153,7 +148,7 @@ def latency(args):
         e, r, side, _ = row["query"]
         t = time.time()
         some = short(e, r, side)
-        s = scorer.numpy(query_triples(e, r, side, some))
+        s = scorer.numpy(predict.query_triples(e, r, side, some))
         np.argsort(-s, kind="stable")[:10]
         seconds.append(time.time() - t)
         print(f"{row['q']}: {seconds[-1]:.2f} s" + (" (built " + ", ".join(w for w, _ in short.built) + ")"
