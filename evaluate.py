@@ -253,15 +253,20 @@ def link_prediction(run, scorer, kg, info, state_dir, ddp_rank, world_size):
     progress = Progress(len(todo), "queries" + (f" on rank 0 of {world_size}" if world_size > 1 else ""), ddp_rank == 0,
                         whole)
     saved = time.time()
-    for qs, rows in rank_queries(scorer, lpq, np.arange(T), todo, max(1, run.block_rows // C)):
-        state.new.append(rows)
-        progress.update(len(qs))
-        stop = run.stop_after_queries is not None and progress.done >= run.stop_after_queries
-        if stop or time.time() - saved >= run.save_every:
-            state.save()
-            saved = time.time()
-        if stop:
-            raise SystemExit(f"stopped after {progress.done} queries; the same command resumes from {state.folder}")
+    try:
+        for qs, rows in rank_queries(scorer, lpq, np.arange(T), todo, max(1, run.block_rows // C)):
+            state.new.append(rows)
+            progress.update(len(qs))
+            stop = run.stop_after_queries is not None and progress.done >= run.stop_after_queries
+            if stop or time.time() - saved >= run.save_every:
+                state.save()
+                saved = time.time()
+            if stop:
+                raise SystemExit(f"stopped after {progress.done} queries; the same command resumes from {state.folder}")
+    except KeyboardInterrupt:  # Ctrl-C (or the run book's SIGINT at its budget): every finished query is kept
+        state.save()
+        raise SystemExit(f"stopped after {progress.done} queries (Ctrl-C); the same command resumes from "
+                         f"{state.folder}") from None
     state.save()
     progress.update(0, force=True)
     # process 0 brings the earlier runs' ranks

