@@ -6,6 +6,9 @@
 Steps (--steps, default all, in this order, each stopped before --budget seconds of the call are spent):
   tests       the whole default suite with the GPU as the device of every train/evaluate test (pytest --device
               cuda), then one torchrun --nproc_per_node 1 training and ranking (NCCL): pass/fail and the summary
+  speed       the two figures issue 41 still lacks, in at most 5 minutes: train.py's step on WN18RR compiled, as CUDA
+              graphs and under the gpu recipe (bench/bench_train.py --recipes), and the ranking loop beside the
+              scorer alone on WN18RR queries (bench/bench_eval.py --ours-only): the printed tables
   throughput  triples/s of evaluate.Scorer in fp32, bf16 and bf16 compiled for MiniLM and a BERT-base-shaped random
               model on WN18RR and FB15k-237 candidates, with the share of the matmul peak; then train.py's step under
               --recipe cpu and gpu on WN18RR (bench/bench_train.py --recipes): the issue-41 training figure
@@ -35,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import bench_eval, bench_train, bert, data, evaluate, palt  # noqa: E402
 
-STEPS = ("tests", "throughput", "train", "rank")
+STEPS = ("tests", "speed", "throughput", "train", "rank")
 
 
 def run_tests(args, left):
@@ -58,6 +61,24 @@ def run_tests(args, left):
                     "tail": "\n".join(lines[-30:]) if code != 0 else ""})
         if code is None:
             out[-1]["note"] = "stopped at the call's budget"
+            break
+    return out
+
+
+def speed(args, left):
+    """bench_train's recipe rows and bench_eval's loop-against-scorer rows on WN18RR (umls with --smoke), printed."""
+    graph = "umls" if args.smoke else "wn18rr"
+    cmds = [[sys.executable, "bench/bench_train.py", "--data", graph, "--data-dir", args.data_dir, "--recipes",
+             "cpu" if args.smoke else "cpu:compile,cpu:cudagraphs,gpu", "--steps", "2" if args.smoke else "16",
+             "--repeat", "2"],
+            [sys.executable, "bench/bench_eval.py", "--ours-only", "--data", graph, "--data-dir", args.data_dir,
+             "--queries", "2" if args.smoke else "8", "--repeat", "2"]]
+    out = []
+    for cmd in cmds:
+        code, tail = run_for(cmd, min(150, left() - 30))  # each at most 150 s: a lease's training comes next
+        out.append({"command": " ".join(cmd[1:]), "returncode": code, "tail": tail})
+        print(tail, flush=True)
+        if code is None:
             break
     return out
 
@@ -194,7 +215,8 @@ def main():
               "smoke": args.smoke, "command": " ".join(sys.argv)}
     for step in steps:
         s = time.time()
-        report[step] = {"tests": lambda: run_tests(args, left), "throughput": lambda: throughput(args, device, left),
+        report[step] = {"tests": lambda: run_tests(args, left), "speed": lambda: speed(args, left),
+                        "throughput": lambda: throughput(args, device, left),
                         "train": lambda: train_runs(args, left), "rank": lambda: rank(args, left)}[step]()
         report[f"{step}_wall_s"] = round(time.time() - s, 1)
         (Path(args.out) / "runbook.json").write_text(json.dumps(report, indent=1) + "\n")  # after every step
