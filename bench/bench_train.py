@@ -169,6 +169,13 @@ def recipe_speed(name, recipes, args, device):
                                                            device) for b, n in batches], device)
             times.append(t)
         t = min(times[1:])
+        if getattr(args, "profile", False):  # where a step's time goes: host work and launches, or the kernels
+            acts = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * (device.type == "cuda")
+            with torch.profiler.profile(activities=acts) as prof:
+                bench_eval.timed(lambda: [train.train_step(forward, opt, params, b, n, 1e-4, run.grad_clip, dtype,
+                                                           device) for b, n in batches], device)
+            print(f"{recipe}: {len(batches)} steps profiled, by self CPU time")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50))
         seqs, real = len(steps) * run.batch * per, int(lengths[steps].sum())
         cfg = model.bert.config
         # frozen weights: the backward computes the activations' gradients, not the weights': ~2x the forward
@@ -205,6 +212,7 @@ def main():
     ap.add_argument("--no-split", action="store_true", help="skip d and e (the dtype and order effects alone)")
     ap.add_argument("--recipes", help="time train.py's step under these recipes instead (e.g. cpu,gpu: their batch, "
                     "negatives, prompts and compile; on a GPU the issue-41 figure), on --data (default wn18rr)")
+    ap.add_argument("--profile", action="store_true", help="--recipes: also a torch.profiler table of each recipe's steps")
     ap.add_argument("--padding", action="store_true", help="only the padding of one epoch, shuffled vs bucketed "
                     "(no timing; fast, so fb13 too: --data umls,wn11,fb13)")
     args = ap.parse_args()

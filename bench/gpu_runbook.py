@@ -70,7 +70,7 @@ def speed(args, left):
     graph = "umls" if args.smoke else "wn18rr"
     cmds = [[sys.executable, "bench/bench_train.py", "--data", graph, "--data-dir", args.data_dir, "--recipes",
              "cpu" if args.smoke else "cpu:compile,cpu:cudagraphs,gpu", "--steps", "2" if args.smoke else "16",
-             "--repeat", "2"],
+             "--repeat", "2", "--profile"],
             [sys.executable, "bench/bench_eval.py", "--ours-only", "--data", graph, "--data-dir", args.data_dir,
              "--queries", "2" if args.smoke else "8", "--repeat", "2"]]
     out = []
