@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PALT_DATA") or ROOT.parent / "shared" / "data")
 
 
-@pytest.mark.slow  # ~8 minutes: --recipe gpu compiles on the CPU (torch.compile), twice
+@pytest.mark.slow  # ~10 minutes: --recipe gpu compiles on the CPU (torch.compile), twice
 @pytest.mark.skipif(not (DATA / "umls").is_dir(), reason="needs the umls data ($PALT_DATA or ../shared/data)")
 def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     env = dict(os.environ, PALT_DATA=str(DATA))
@@ -18,6 +18,9 @@ def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     pytest_run, ddp_train, ddp_rank = report["tests"]
     assert report["smoke"] and pytest_run["returncode"] == 0 and "passed" in pytest_run["summary"]
     assert "--device cpu" in pytest_run["command"] and ddp_train["returncode"] == ddp_rank["returncode"] == 0
+    bench_train, bench_eval = report["speed"]  # the step's recipe rows (with a profile), the loop against the scorer
+    assert bench_train["returncode"] == bench_eval["returncode"] == 0, report["speed"]
+    assert "profiled" in bench_train["tail"] and "the ranking loop's share of the scorer" in bench_eval["tail"]
     [train] = report["train"]  # the lease's run: --recipe gpu (compiled), stopped by its step limit, then ranked
     assert train["returncode"] == 0 and train["finished"] and train["rank"]["returncode"] == 0, train
     assert "umls-gpu/state.safetensors" in tarfile.open(tmp_path / "out" / "train-umls.tar").getnames()
