@@ -1,10 +1,11 @@
 """--predict: the top-k completions of a query or of a file of them (resumable), and on big graphs the shortlist that
 makes a query take seconds (its agreement with the exact ranking is measured by bench/shortlist.py, RESULTS.md).
 
-The shortlist of a query (e, r, side) takes, in turns until it holds `size`: the best of an anchor query's exact
-scores (the same relation and side asked of another entity: what the model puts first for this relation whatever the
-entity), the entities nearest e by the frozen encoder's text embedding, those nearest e's train answers, and the
-relation's train type by frequency; e's train answers come first where they are few (at most a quarter of the list).
+The shortlist of a query (e, r, side) is scored in two rounds. The first half takes, in turns: the best of an anchor
+query's exact scores (the same relation and side asked of another entity: what the model puts first for this
+relation whatever the entity), the entities nearest e by the frozen encoder's text embedding, those nearest e's
+train answers, and the relation's train type by frequency; e's train answers come first where they are few (at most
+a quarter of the list). The second half: the entities nearest the first half's best 10.
 Anchor scores and embeddings are computed once and cached on disk ($PALT_CACHE, else ~/.cache/palt), keyed by the
 checkpoint, the base weights and the data. --lp and --tc never use it: their metrics score every candidate.
 """
@@ -47,7 +48,18 @@ class Shortlist:
         self.built = []  # (what, seconds) of the cached parts computed for the queries so far
 
     def __call__(self, e, r, side):
-        """(candidates, best first by source) of the query (e, r, side): at most `size` of `cand`."""
+        """(candidates, their scores) of the query (e, r, side), at most `size` of `cand`, in two rounds: half from
+        the sources in turns, scored; then the candidates nearest that half's best 10 (the model's top tends to be
+        alike: near one answer lie the next), scored."""
+        first = self.sources(e, r, side)[:self.size // 2]
+        s1 = self.scorer.numpy(query_triples(e, r, side, first))
+        more = self.nearest(first[np.argsort(-s1, kind="stable")[:10]])
+        more = more[~np.isin(more, first)][:self.size - len(first)]
+        return np.concatenate([first, more]), np.concatenate([s1, self.scorer.numpy(query_triples(e, r, side, more))])
+
+    def sources(self, e, r, side):
+        """The first round's order: e's train answers where few, then in turns the anchor's best, the nearest to e and
+        to its answers, and the relation's train type by frequency."""
         q, rel, ans = self.train[side]
         answers = np.unique(ans[(q == e) & (rel == r)])
         typed = ans[rel == r]
@@ -58,7 +70,7 @@ class Shortlist:
         first = answers if len(answers) <= self.size // 4 else answers[:0]  # thousands (a gender's people): no
         order = np.concatenate([first, turns.ravel()])  # then one from each source in turn
         order = order[(order >= 0) & (self.pos[np.maximum(order, 0)] >= 0)]
-        return order[np.sort(np.unique(order, return_index=True)[1])][:self.size]
+        return order[np.sort(np.unique(order, return_index=True)[1])]
 
     def anchor(self, r, side, e):
         """The candidates by the exact score of (a, r, ?) (side 1) or (?, r, a): a the entity most often asked this way
@@ -79,9 +91,9 @@ class Shortlist:
         self.built.append((f"anchor ({self.kg.entities[a]}, {self.kg.relations[r]}, side {side})", time.time() - t))
         return best
 
-    def nearest(self, entities, k=256):
-        """The candidates nearest any of `entities` (max cosine of the frozen encoder's embeddings), best first; an
-        entity new to the graph (text:...) is embedded on the spot."""
+    def nearest(self, entities):
+        """The `size` candidates nearest any of `entities` (max cosine of the frozen encoder's embeddings), best first;
+        an entity new to the graph (text:...) is embedded on the spot."""
         if not len(entities):
             return np.empty(0, np.int64)
         entities = np.asarray(entities)
@@ -92,7 +104,7 @@ class Shortlist:
         if not inside.all():
             vec = torch.cat([vec, data.entity_embeddings(s.model.bert, entities[~inside], s.enc, s.device, s.dtype)])
         sim = (emb @ vec.T).max(1).values
-        return self.cand[sim.topk(min(k, len(sim))).indices.numpy()]
+        return self.cand[sim.topk(min(self.size, len(sim))).indices.numpy()]
 
     def embeddings(self):
         if self.emb is None:
@@ -219,17 +231,16 @@ def predict(run, scorer, kg, tokenizer, info):
             progress.update(1)
             continue
         t = time.time()
-        some = short(e, r, side) if short else cand
+        some, s = short(e, r, side) if short else (cand, scorer.numpy(query_triples(e, r, side, cand)))
         triples = query_triples(e, r, side, some)
-        s = scorer.numpy(triples)
         top = np.argsort(-s, kind="stable")[:run.topk]
         known = kg.is_known(triples[top]) & (e < E)  # a new entity is in no fact
         for what, seconds in short.built if short else []:  # once per graph, or relation and side: cached on disk
             print(f"built {what} in {seconds:.0f} s, cached in {short.folder}")
         if short:
             short.built.clear()
-        over = (f"a shortlist of {len(some):,} of {len(cand):,} candidates (anchor, nearest, type: --shortlist all "
-                "scores every one)") if short else f"{len(cand):,} candidates"
+        over = (f"a shortlist of {len(some):,} of {len(cand):,} candidates (anchor, nearest, type, then the nearest of "
+                "their best: --shortlist all scores every one)") if short else f"{len(cand):,} candidates"
         print(f"{q} over {over}, {time.time() - t:.1f} s; score = NSP logit margin; * = a known fact (train/dev/test)")
         mine = []
         for place, (c, score, k) in enumerate(zip(some[top], s[top], known), 1):

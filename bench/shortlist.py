@@ -12,8 +12,8 @@ one file per query as it finishes, so a run stopped anywhere resumes where it st
 The queries: the first --triples of one seeded permutation of the dev triples, each asked both ways, (h, r, ?) and
 (?, r, t): a larger --triples extends a smaller one's set.
 
-`measure` asks each of those queries through predict.Shortlist as evaluate.py --predict does (train facts only, so
-the dev answer gets no help), scores the first K of its list for each K (timed: the latency after the model loaded;
+`measure` asks each of those queries through predict.Shortlist of each size K as evaluate.py --predict does (train
+facts only, so the dev answer gets no help; both rounds timed: the latency after the model loaded;
 anchors and embeddings built on the way are timed apart, as --predict reports them), and compares the top 10 with the
 exact one: the share of the exact top 10 it recovers, and whether it keeps the dev answer when the exact top 10 has it.
 One JSON line per query in results/shortlist/DATA-measure.jsonl; `table` sums them up. Its seconds are those of a
@@ -86,16 +86,17 @@ def measure(args):
         if path.stem in done:
             continue
         t = time.time()
-        order = short(e, r, side)
+        short.sources(e, r, side)  # builds what the query's relation and side lack (an anchor), timed apart
         row = dict(q=path.stem, query=[e, r, side, answer], list_s=time.time() - t, built=short.built[:], sizes={})
         short.built.clear()
         exact10 = cand[z["top"][:10]]
         row["answer_in_exact_top10"] = bool(answer in exact10)
         for K in sizes:
+            short.size = K
             t = time.time()
-            s = scorer.numpy(predict.query_triples(e, r, side, order[:K]))
-            top10 = order[:K][np.argsort(-s, kind="stable")[:10]]
-            row["sizes"][K] = dict(seconds=time.time() - t, scored=int(min(K, len(order))),
+            some, s = short(e, r, side)
+            top10 = some[np.argsort(-s, kind="stable")[:10]]
+            row["sizes"][K] = dict(seconds=time.time() - t, scored=len(some),
                                    recovered=int(np.isin(exact10, top10).sum()), answer_kept=bool(answer in top10))
         with open(out, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -149,9 +150,8 @@ def latency(args):
     for row in rows:  # as evaluate.py --predict asks a query: the list, then its scores, then the top 10
         e, r, side, _ = row["query"]
         t = time.time()
-        some = short(e, r, side)
-        s = scorer.numpy(predict.query_triples(e, r, side, some))
-        np.argsort(-s, kind="stable")[:10]
+        some, s = short(e, r, side)
+        some[np.argsort(-s, kind="stable")[:10]]
         seconds.append(time.time() - t)
         print(f"{row['q']}: {seconds[-1]:.2f} s" + (" (built " + ", ".join(w for w, _ in short.built) + ")"
                                                      if short.built else ""), flush=True)

@@ -444,9 +444,9 @@ def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp
 
 def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, lp_root, tmp_path, capsys, device,
                                                                       monkeypatch):
-    """--shortlist N scores N candidates: the query's train answers first (at most N/4 of them), then in turns the best of an anchor query's
-    exact scores (the same relation asked of the entity most often asked it in train), the nearest entities, ...; the
-    header says N of how many. The anchor and the embeddings are built once, then read from the cache. --shortlist all,
+    """--shortlist N scores N candidates in two rounds: the query's train answers first (at most N/4 of them), then in
+    turns the best of an anchor query's exact scores (the same relation asked of the entity most often asked it in
+    train), the nearest entities, ... up to N/2; then the nearest of their best. The header says N of how many. The anchor and the embeddings are built once, then read from the cache. --shortlist all,
     and any graph of few entities, score every candidate."""
     path, model, kg, enc = trained
     monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
@@ -460,12 +460,14 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     scorer = evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device)
     sha = palt.read_checkpoint(path, tensors=False)[1]["weights_sha256"]
     short = predict.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(path), sha, 8)
-    some = short(0, 0, 1)
+    some, s = short(0, 0, 1)
     assert short.built == []  # both parts came from the cache
     assert some[:2].tolist() == [1, 2] and len(some) == 8  # (apple, part of, e1), (apple, part of, e2): train, few
     exact = scorer.numpy([(3, 0, t) for t in kg.split_entities])  # the anchor: e3 is asked (e3, part of, ?) in train
-    assert kg.split_entities[np.argmax(exact)] in some and 0 in some  # the anchor's best; apple is nearest apple
-    s = scorer.numpy([(0, 0, t) for t in some])
+    assert kg.split_entities[np.argmax(exact)] in some[:4] and 0 in some[:4]  # the anchor's best; apple nearest apple
+    best = some[:4][np.argsort(-s[:4], kind="stable")[:10]]  # the second round: the nearest of the first's best
+    assert set(some[4:]) <= set(short.nearest(best)) - set(some[:4])
+    assert s == pytest.approx(scorer.numpy([(0, 0, t) for t in some]), abs=1e-5)  # the scores of those candidates
     assert [int(re.search(r" e(\d+) ", line)[1]) for line in lines[1:]] == some[np.argsort(-s, kind="stable")[:3]].tolist()
     evaluate.main(base + ["--shortlist", "8"])
     assert "built" not in capsys.readouterr().out
