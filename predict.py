@@ -17,9 +17,10 @@ import torch
 import data, files
 from bigrank import Progress
 
-# candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 96.9% of the exact top 10
-# at 2,000 (1.9 s a query on 2 cores), 94.5% at 1,000; WN18RR's longer texts take 2.8 s at 1,000 (its table: to come)
-SIZES, SIZE = {"fb15k-237": 2000}, 1000
+# candidates scored a query: the smallest size that recovers >= 95% of the exact top 10 of dev queries in
+# bench/shortlist.py's table (RESULTS.md): FB15k-237 95.7% at 1,000 (1.1 s a query on 2 cores); WN18RR's longer
+# texts need 2,000 (95.5% of its first 20 queries, 93.0% at 1,000) and take ~5 s
+SIZES, SIZE = {"wn18rr": 2000}, 1000
 ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
 KEEP = 4096  # an anchor's best candidates kept in its cache file
 
