@@ -58,7 +58,8 @@ def exact(args):
     folder.mkdir(parents=True, exist_ok=True)
     queries, cand = dev_queries(kg, args.triples), kg.split_entities
     print(f"{kg.name}: {len(queries)} dev queries x {len(cand):,} candidates, {dtype}, {ckpt.name} -> {folder}")
-    for i, (e, r, side, answer) in enumerate(queries):
+    numbered = list(enumerate(queries))
+    for i, (e, r, side, answer) in reversed(numbered) if args.reverse else numbered:  # a second process: from the end
         path = folder / f"q{i:04d}.npz"
         if path.exists():
             continue
@@ -175,6 +176,7 @@ def main(argv=None):
     ex = sub.add_parser("exact", help="the exact top of each dev query (resumable)")
     ex.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
     ex.add_argument("--triples", type=int, required=True, help="dev triples, each asked both ways")
+    ex.add_argument("--reverse", action="store_true", help="from the last query: a second process shares the work")
     me = sub.add_parser("measure", help="the shortlist's top 10 against the exact one (resumable)")
     me.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
     me.add_argument("--sizes", type=lambda x: [int(k) for k in x.split(",")], default=[250, 500, 1000, 2000])
