@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import bert, data, files, palt, predict
-from predict import ALL_UP_TO, SIZE, SIZES
+from predict import ALL_UP_TO, SIZE
 from bigrank import NO_ROWS, Progress, State, gather_rows, select, stratified_ranks
 
 KS = (1, 3, 10)  # Hits@k
@@ -475,8 +475,7 @@ def parse_args(argv=None):
     ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation")
     ap.add_argument("--topk", type=int, default=10)
     ap.add_argument("--shortlist", type=shortlist_size, help=f"--predict: score N candidates "
-                    f"chosen as predict.py says, or all (default where a graph has over {ALL_UP_TO:,}: "
-                    f"{', '.join(f'{v} on {k}' for k, v in SIZES.items())}, else {SIZE})")
+                    f"chosen as predict.py says, or all (default where a graph has over {ALL_UP_TO:,}: {SIZE:,})")
     ap.add_argument("--tokens", type=int, help="padded tokens per batch (default 16384 on CPU, 262144 on GPU)")
     ap.add_argument("--block-rows", type=int, default=1 << 16, help="candidate triples scored per block of queries")
     ap.add_argument("--save-every", type=float, default=60, help="seconds between saves of finished queries")

@@ -17,10 +17,9 @@ import torch
 import data, files
 from bigrank import Progress
 
-# candidates scored a query: the smallest size that recovers >= 95% of the exact top 10 of dev queries in
-# bench/shortlist.py's table (RESULTS.md): FB15k-237 95.7% at 1,000 (1.1 s a query on 2 cores); WN18RR's longer
-# texts need 2,000 (95.5% of its first 20 queries, 93.0% at 1,000) and take ~5 s
-SIZES, SIZE = {"wn18rr": 2000}, 1000
+# candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 95.7% of the exact top 10
+# at 1,000 (1.1 s a query on 2 cores); WN18RR's longer texts: ~93% at 1,000 (4.0 s), ~95% at 2,000 (7.8 s)
+SIZE = 1000
 ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
 KEEP = 4096  # an anchor's best candidates kept in its cache file
 
@@ -214,7 +213,7 @@ def predict(run, scorer, kg, tokenizer, info):
         scorer.enc = data.encode(kg, tokenizer, new)
     text = lambda i: kg.ent_text[i] if i < E else new[i - E]
     cand = kg.split_entities if run.candidates == "split" else np.arange(E)
-    size = None if run.shortlist == "all" else run.shortlist or (SIZES.get(kg.name, SIZE) if len(cand) > ALL_UP_TO
+    size = None if run.shortlist == "all" else run.shortlist or (SIZE if len(cand) > ALL_UP_TO
                                                                  else None)
     short = size and size < len(cand) and Shortlist(kg, scorer, cand, info["identity"], info["weights_sha256"], size)
     partial = run.queries and run.out and Path(str(run.out) + ".partial")  # one line of rows a query, as it ends
