@@ -18,7 +18,7 @@ import data, files
 from bigrank import Progress
 
 # candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 95.7% of the exact top 10
-# at 1,000 (1.1 s a query on 2 cores); WN18RR's longer texts: ~93% at 1,000 (4.0 s), ~95% at 2,000 (7.8 s)
+# at 1,000 (1.1 s a query on 2 cores); WN18RR's longer texts: 92.4% at 1,000 (4.0 s), 95.0% at 2,000 (7.8 s)
 SIZE = 1000
 ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
 KEEP = 4096  # an anchor's best candidates kept in its cache file
