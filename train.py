@@ -183,7 +183,7 @@ def check_resumable(saved, meta, state):
     weights, data files and resolved precision."""
     old, new = json.loads(saved["run"]), json.loads(meta["run"])
     mine = {k: (old.get(k), new[k]) for k in new if k not in RESUME_MAY_CHANGE}
-    mine |= {k: (saved.get(k), meta[k]) for k in ("weights_sha256", "data_fingerprint", "dtype")}
+    mine |= {k: (saved.get(k), meta[k]) for k in ("weights_sha256", "data_fingerprint", "dtype") if k in meta}
     for k, (was, now) in mine.items():
         if was != now:
             raise SystemExit(f"error: {state} was trained with {k} {was}, not {now}: resume with the same settings, "
@@ -263,8 +263,12 @@ def main(run):
         raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world_size} ranks")
     out = Path(run.out)
     resumed = check_output(out, run.resume)  # before anything loads: nothing is lost, no work thrown away
+    if resumed:  # the settings and precision now, the base weights and data files once read: before minutes of work
+        check_resumable(resumed, {"run": json.dumps(asdict(run)), "dtype": dtype}, out / "state.safetensors")
 
     model, kg, enc, meta, params, opt = build(run, dtype, device)
+    if resumed:  # before the nearest-entity pass (minutes on a big graph)
+        check_resumable(resumed, meta, out / "state.safetensors")
     steps_per_epoch = len(kg.train) // run.batch
     if steps_per_epoch == 0:
         raise SystemExit(f"error: --batch {run.batch} is larger than the {len(kg.train)} train triples")
@@ -279,7 +283,7 @@ def main(run):
     ddp_model = DDP(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None) if ddp else model
     # compiled: the casts, adds, LayerNorms and GELUs between the matmuls fuse; steps vary in length, hence dynamic
     forward = torch.compile(ddp_model, dynamic=True) if run.compile else ddp_model
-    history = resume(resumed, meta, out / "state.safetensors", model, opt, params)
+    history = resume(resumed, out / "state.safetensors", model, opt, params)
     log0 = open_log(out, print0) if master_process else print0
     if run.resume:  # in the log too: a resumed run's log shows where it was stopped and continued
         log0(f"resumed from {out}/state.safetensors: epoch {history['epoch']}, step {history['step']}" if resumed
@@ -445,12 +449,11 @@ def announce(run, kg, model, where, print0):
         print0(note)
 
 
-def resume(saved, meta, path, model, opt, params):
+def resume(saved, path, model, opt, params):
     """The run's history: a fresh one, or its resume state's, whose tensors and AdamW moments go into model and opt."""
     history = {"epoch": 0, "step": 0, "dev": [], "best_epoch": None, "best": None, "train_wall_s": 0.0}
     if not saved:
         return history
-    check_resumable(saved, meta, path)
     tensors, _ = read_checkpoint(path, kind="train-state")
     got = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     if set(got) != set(params):

@@ -6,7 +6,8 @@ as subprocesses, to show that the two agree; the kill and resume tests run as su
 Every row of CASES is one case. Each must
   1. exit with the documented code: 2 for an argparse error, 1 for any other refusal (3: the test crash hook);
   2. print exactly one `error: ...` line on stderr and no traceback (argparse's usage lines may come before its line;
-     any other refusal prints that one line and nothing else, so it failed before any progress line, i.e. scoring);
+     any other refusal prints that one line and nothing else, on stdout neither: it came before the work began
+     (the one exception: hub.py --stats, whose table prints a row per dataset as it goes);
   3. name the culprit, the file (path:line for a data file) or the flag, in that line;
   4. leave every file on disk as it was: bytes and mtimes of the shared trained run, its checkpoints, the ranking
      state, the data and the models, and of the case's own folder, compared before and after. (Files only: a refused
@@ -389,6 +390,8 @@ def test_bad_input_is_one_line_naming_the_culprit_and_changes_nothing(case, worl
     before = snapshot(world.root, tmp_path)
     r = script([a.format(**paths) for a in case.argv])
     msg = the_error_line(r, case.code)
+    if "--stats" not in case.argv:  # (the data table prints a row per dataset as it goes)
+        assert r.stdout == "", r.stdout  # refused before the work: nothing announced, nothing computed
     for name in case.names:
         assert name.format(**paths) in msg, (name.format(**paths), msg)
     assert snapshot(world.root, tmp_path) == before
