@@ -5,6 +5,7 @@
     python bench/shortlist.py measure --data fb15k-237 --sizes 250,500,1000,2000    # resumable too
     python bench/shortlist.py table --data fb15k-237                    # -> results/shortlist-fb15k-237.json
     python bench/shortlist.py latency --data fb15k-237 --size 1000      # seconds a query, all cores, into that JSON
+    python bench/shortlist.py pool --data wn18rr && python bench/shortlist.py variants --data wn18rr   # designs
 
 `exact` scores every candidate entity (the split's, as --predict does) of each query with the shipped adapter and
 keeps the top TOP (indices into kg.split_entities, scores) per query in results/shortlist/DATA-exact/qNNNN.npz,
@@ -19,6 +20,13 @@ exact one: the share of the exact top 10 it recovers, and whether it keeps the d
 One JSON line per query in results/shortlist/DATA-measure.jsonl; `table` sums them up. Its seconds are those of a
 run that shared the CPU with others; `latency` times the chosen size alone, all cores, after the model loaded and
 with the anchors cached (the first query of a relation and side builds its anchor: timed apart, as `built_s`).
+
+`pool` scores a generous pool of each measured query (the first --size of the sources, then the nearest of their
+best 10: ~2,500 candidates; runs/shortlist-pool/DATA/, resumable, not committed: 2-8 MB, 15 min for WN18RR and 40
+for FB15k-237 (its anchors built on the way) on a core), so that `variants` can compare other designs
+(rounds, the first round's share, how many of its best each round follows) at each size without scoring: a candidate
+outside the pool and the exact top 100 cannot be in the exact top 10, and counts as scored lowest when a round
+picks its best (results/shortlist-variants-DATA.json counts as picks_below_known the rounds where that happened).
 """
 import argparse, json, sys, time
 from pathlib import Path
@@ -170,6 +178,74 @@ def latency(args):
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
 
 
+def pool(args):
+    scorer, kg, ckpt, dtype = load(args.data)
+    folder = files.ROOT / "runs" / "shortlist-pool" / kg.name
+    folder.mkdir(parents=True, exist_ok=True)
+    short = predict.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(ckpt), loaded_base_sha(ckpt), args.size)
+    paths = sorted((files.ROOT / "results" / "shortlist" / f"{kg.name}-exact").glob("q*.npz"))
+    for path in paths[::-1] if args.reverse else paths:
+        if (folder / path.name).exists():
+            continue
+        e, r, side, _ = (int(x) for x in np.load(path)["query"])
+        t = time.time()
+        src = short.sources(e, r, side)
+        s1 = scorer.numpy(predict.query_triples(e, r, side, src[:args.size]))
+        more = short.nearest(src[:args.size][np.argsort(-s1, kind="stable")[:10]])
+        more = more[~np.isin(more, src[:args.size])]
+        s2 = scorer.numpy(predict.query_triples(e, r, side, more))
+        files.write_atomic(folder / path.name, lambda f: np.savez(
+            f, src=src[:3 * args.size].astype(np.int32), pool=np.concatenate([src[:args.size], more]).astype(np.int32),
+            score=np.concatenate([s1, s2])))
+        print(f"{path.stem}: {args.size + len(more)} scored, {time.time() - t:.0f} s", flush=True)
+
+
+def simulate(short, src, known, size, share, follow, rounds):
+    """The shortlist of `size` that a design would score: `share` of it from the sources, then in each further round
+    the candidates nearest the `follow` best so far (by the known scores: a missing one counts as lowest)."""
+    chosen, low = src[:int(size * share)], 0
+    for i in range(rounds - 1):
+        s = np.array([known.get(int(c), -np.inf) for c in chosen])
+        best = np.argsort(-s, kind="stable")[:follow]
+        low += bool(np.isinf(s[best]).any())
+        near = short.nearest(chosen[best])
+        chosen = np.concatenate([chosen, near[~np.isin(near, chosen)][:(size - len(chosen)) // (rounds - 1 - i)]])
+    return chosen, low
+
+
+def variants(args):
+    scorer, kg, ckpt, _ = load(args.data)
+    cand, folder = kg.split_entities, files.ROOT / "results" / "shortlist"
+    short = predict.Shortlist(kg, scorer, cand, files.sha256_file(ckpt), loaded_base_sha(ckpt))
+    queries = []
+    for path in sorted((files.ROOT / "runs" / "shortlist-pool" / kg.name).glob("q*.npz")):
+        z, x = np.load(path), np.load(folder / f"{kg.name}-exact" / path.name)
+        known = dict(zip(cand[x["top"]].tolist(), x["score"].tolist()))  # entity -> score: the exact top 100
+        known |= dict(zip(z["pool"].tolist(), z["score"].tolist()))  # and the pool
+        queries.append((z["src"].astype(np.int64), known, cand[x["top"][:10]]))
+    designs = [(rounds, 1 / rounds, follow) for rounds in (2, 3, 4) for follow in (5, 10, 20)]
+    table = {}
+    print(f"{kg.name}: {len(queries)} queries; exact top 10 recovered by each design (rounds, first share, follows)")
+    for rounds, share, follow in designs:
+        name, row = f"{rounds} rounds, first {share:.2f}, follow {follow}", {}
+        for size in args.sizes:
+            short.size = size  # as predict.Shortlist(size=size) has it: nearest lists of `size`
+            got = [simulate(short, src, known, size, share, follow, rounds) for src, known, _ in queries]
+            row[size] = dict(recovered=float(np.mean([np.isin(top, c).sum() for (c, _), (_, _, top) in
+                                                       zip(got, queries)]) / 10),
+                             scored_mean=float(np.mean([len(c) for c, _ in got])),
+                             picks_below_known=int(sum(low for _, low in got)))
+        table[name] = row
+        cells = [f"{100 * v['recovered']:.1f}% ({v['scored_mean']:.0f}, {v['picks_below_known']})"
+                 for v in row.values()]
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    out = files.ROOT / "results" / f"shortlist-variants-{kg.name}.json"
+    result = dict(command=f"python bench/shortlist.py variants --data {kg.name} --sizes "
+                  + ",".join(map(str, args.sizes)), queries=len(queries), shipped="2 rounds, first 0.50, follow 10",
+                  designs=table)
+    files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -186,8 +262,16 @@ def main(argv=None):
     la.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
     la.add_argument("--size", type=int, default=1000)
     la.add_argument("--queries", type=int, default=50, help="the first N measured queries")
+    po = sub.add_parser("pool", help="score a pool of each measured query, for variants (resumable)")
+    po.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
+    po.add_argument("--size", type=int, default=1500, help="the sources' first N, then the nearest of their best")
+    po.add_argument("--reverse", action="store_true", help="from the last query: a second process shares the work")
+    va = sub.add_parser("variants", help="other shortlist designs, simulated on the pools")
+    va.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
+    va.add_argument("--sizes", type=lambda x: [int(k) for k in x.split(",")], default=[750, 1000, 1500, 2000])
     args = ap.parse_args(argv)
-    {"exact": exact, "measure": measure, "table": table, "latency": latency}[args.step](args)
+    steps = dict(exact=exact, measure=measure, table=table, latency=latency, pool=pool, variants=variants)
+    steps[args.step](args)
 
 
 if __name__ == "__main__":
