@@ -1,11 +1,11 @@
 """--predict: the top-k completions of a query or of a file of them (resumable), and on big graphs the shortlist that
 makes a query take seconds (its agreement with the exact ranking is measured by bench/shortlist.py, RESULTS.md).
 
-The shortlist of a query (e, r, side) is scored in two rounds. The first half takes, in turns: the best of an anchor
-query's exact scores (the same relation and side asked of another entity: what the model puts first for this
+The shortlist of a query (e, r, side) is scored in three rounds. The first third takes, in turns: the best of an
+anchor query's exact scores (the same relation and side asked of another entity: what the model puts first for this
 relation whatever the entity), the entities nearest e by the frozen encoder's text embedding, those nearest e's
 train answers, and the relation's train type by frequency; e's train answers come first where they are few (at most
-a quarter of the list). The second half: the entities nearest the first half's best 10.
+a quarter of the list). Each further third: the entities nearest the best 10 scored so far.
 Anchor scores and embeddings are computed once and cached on disk ($PALT_CACHE, else ~/.cache/palt), keyed by the
 checkpoint, the base weights and the data. --lp and --tc never use it: their metrics score every candidate.
 """
@@ -17,9 +17,10 @@ import torch
 import data, files
 from bigrank import Progress
 
-# candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 95.7% of the exact top 10
-# at 1,000 (1.1 s a query on 2 cores); WN18RR's longer texts: 92.4% at 1,000 (4.0 s), 95.0% at 2,000 (7.8 s)
+# candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 96.1% of the exact top 10
+# at 1,000 (1.3 s a query on 2 cores); WN18RR's longer texts: 93.6% at 1,000 (3.7 s), 95.0% at 1,500 (5.1 s)
 SIZE = 1000
+ROUNDS = 3  # the sources' share, then twice the nearest of the best so far (bench/shortlist.py variants)
 ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
 KEEP = 4096  # an anchor's best candidates kept in its cache file
 
@@ -48,14 +49,17 @@ class Shortlist:
         self.built = []  # (what, seconds) of the cached parts computed for the queries so far
 
     def __call__(self, e, r, side):
-        """(candidates, their scores) of the query (e, r, side), at most `size` of `cand`, in two rounds: half from
-        the sources in turns, scored; then the candidates nearest that half's best 10 (the model's top tends to be
-        alike: near one answer lie the next), scored."""
-        first = self.sources(e, r, side)[:self.size // 2]
-        s1 = self.scorer.numpy(query_triples(e, r, side, first))
-        more = self.nearest(first[np.argsort(-s1, kind="stable")[:10]])
-        more = more[~np.isin(more, first)][:self.size - len(first)]
-        return np.concatenate([first, more]), np.concatenate([s1, self.scorer.numpy(query_triples(e, r, side, more))])
+        """(candidates, their scores) of the query (e, r, side), at most `size` of `cand`, in ROUNDS rounds: a share
+        from the sources in turns, scored; then, each round, the candidates nearest the best 10 so far (the model's top
+        tends to be alike: near one answer lie the next), scored."""
+        chosen = self.sources(e, r, side)[:self.size // ROUNDS]
+        scores = self.scorer.numpy(query_triples(e, r, side, chosen))
+        for left in range(ROUNDS - 1, 0, -1):  # the rounds still to come, this one included
+            near = self.nearest(chosen[np.argsort(-scores, kind="stable")[:10]])
+            more = near[~np.isin(near, chosen)][:(self.size - len(chosen)) // left]
+            chosen = np.concatenate([chosen, more])
+            scores = np.concatenate([scores, self.scorer.numpy(query_triples(e, r, side, more))])
+        return chosen, scores
 
     def sources(self, e, r, side):
         """The first round's order: e's train answers where few, then in turns the anchor's best, the nearest to e and

@@ -444,10 +444,11 @@ def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp
 
 def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, lp_root, tmp_path, capsys, device,
                                                                       monkeypatch):
-    """--shortlist N scores N candidates in two rounds: the query's train answers first (at most N/4 of them), then in
-    turns the best of an anchor query's exact scores (the same relation asked of the entity most often asked it in
-    train), the nearest entities, ... up to N/2; then the nearest of their best. The header says N of how many. The anchor and the embeddings are built once, then read from the cache. --shortlist all,
-    and any graph of few entities, score every candidate."""
+    """--shortlist N scores N candidates in three rounds: from the sources in order, the query's train answers first
+    (at most N/4 of them), then in turns the best of an anchor query's exact scores (the same relation asked of the
+    entity most often asked it in train), the nearest entities, ... up to N/3; then twice the nearest of the best 10
+    so far. The header says N of how many. The anchor and the embeddings are built once, then read from the cache.
+    --shortlist all, and any graph of few entities, score every candidate."""
     path, model, kg, enc = trained
     monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
     base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--topk", "3", "--dtype", "fp32", "apple",
@@ -464,9 +465,11 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     assert short.built == []  # both parts came from the cache
     assert some[:2].tolist() == [1, 2] and len(some) == 8  # (apple, part of, e1), (apple, part of, e2): train, few
     exact = scorer.numpy([(3, 0, t) for t in kg.split_entities])  # the anchor: e3 is asked (e3, part of, ?) in train
-    assert kg.split_entities[np.argmax(exact)] in some[:4] and 0 in some[:4]  # the anchor's best; apple nearest apple
-    best = some[:4][np.argsort(-s[:4], kind="stable")[:10]]  # the second round: the nearest of the first's best
-    assert set(some[4:]) <= set(short.nearest(best)) - set(some[:4])
+    sources = short.sources(0, 0, 1)
+    assert sources[:2].tolist() == [1, 2] and {kg.split_entities[np.argmax(exact)], 0} == set(sources[2:4].tolist())
+    for start, end in ((2, 5), (5, 8)):  # rounds 2 and 3 (8 // 3 from the sources): the nearest of the best so far
+        best = some[:start][np.argsort(-s[:start], kind="stable")[:10]]
+        assert some[start:end].tolist() == [c for c in short.nearest(best) if c not in some[:start]][:end - start]
     assert s == pytest.approx(scorer.numpy([(0, 0, t) for t in some]), abs=1e-5)  # the scores of those candidates
     assert [int(re.search(r" e(\d+) ", line)[1]) for line in lines[1:]] == some[np.argsort(-s, kind="stable")[:3]].tolist()
     evaluate.main(base + ["--shortlist", "8"])
