@@ -20,7 +20,7 @@ from bigrank import Progress
 # candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 96.1% of the exact top 10
 # at 1,000 (1.3 s a query on 2 cores); WN18RR's longer texts: 93.6% at 1,000 (3.7 s), 95.0% at 1,500 (5.1 s)
 SIZE = 1000
-ROUNDS = 3  # the sources' share, then twice the nearest of the best so far (bench/shortlist.py variants)
+ROUNDS, FOLLOW = 3, 10  # the sources' third, then twice the nearest of the best 10 so far (bench/shortlist.py variants)
 ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
 KEEP = 4096  # an anchor's best candidates kept in its cache file
 
@@ -36,6 +36,8 @@ def cache_dir():
 
 
 class Shortlist:
+    rounds, follow = ROUNDS, FOLLOW  # (bench/shortlist.py variants tries others)
+
     def __init__(self, kg, scorer, cand, key, base_key, size=SIZE):
         """kg's train facts give the answers and types; scorer scores the anchors (over the candidates `cand`);
         key names the checkpoint (its sha256) and base_key the frozen encoder (weights sha256) in the cache."""
@@ -49,13 +51,13 @@ class Shortlist:
         self.built = []  # (what, seconds) of the cached parts computed for the queries so far
 
     def __call__(self, e, r, side):
-        """(candidates, their scores) of the query (e, r, side), at most `size` of `cand`, in ROUNDS rounds: a share
-        from the sources in turns, scored; then, each round, the candidates nearest the best 10 so far (the model's top
-        tends to be alike: near one answer lie the next), scored."""
-        chosen = self.sources(e, r, side)[:self.size // ROUNDS]
+        """(candidates, their scores) of the query (e, r, side), at most `size` of `cand`, in `rounds` rounds: a share
+        from the sources in turns, scored; then, each round, the candidates nearest the best `follow` so far (the
+        model's top tends to be alike: near one answer lie the next), scored."""
+        chosen = self.sources(e, r, side)[:self.size // self.rounds]
         scores = self.scorer.numpy(query_triples(e, r, side, chosen))
-        for left in range(ROUNDS - 1, 0, -1):  # the rounds still to come, this one included
-            near = self.nearest(chosen[np.argsort(-scores, kind="stable")[:10]])
+        for left in range(self.rounds - 1, 0, -1):  # the rounds still to come, this one included
+            near = self.nearest(chosen[np.argsort(-scores, kind="stable")[:self.follow]])
             more = near[~np.isin(near, chosen)][:(self.size - len(chosen)) // left]
             chosen = np.concatenate([chosen, more])
             scores = np.concatenate([scores, self.scorer.numpy(query_triples(e, r, side, more))])
@@ -217,8 +219,7 @@ def predict(run, scorer, kg, tokenizer, info):
         scorer.enc = data.encode(kg, tokenizer, new)
     text = lambda i: kg.ent_text[i] if i < E else new[i - E]
     cand = kg.split_entities if run.candidates == "split" else np.arange(E)
-    size = None if run.shortlist == "all" else run.shortlist or (SIZE if len(cand) > ALL_UP_TO
-                                                                 else None)
+    size = None if run.shortlist == "all" else run.shortlist or (SIZE if len(cand) > ALL_UP_TO else None)
     short = size and size < len(cand) and Shortlist(kg, scorer, cand, info["identity"], info["weights_sha256"], size)
     partial = run.queries and run.out and Path(str(run.out) + ".partial")  # one line of rows a query, as it ends
     stamp = (f"# {info['identity'][:16]} queries {files.sha256_file(run.queries)[:16]} topk {run.topk} candidates "

@@ -26,7 +26,7 @@ best 10: ~2,500 candidates; runs/shortlist-pool/DATA/, resumable, not committed:
 for FB15k-237 (its anchors built on the way) on a core), so that `variants` can compare other designs
 (rounds, the first round's share, how many of its best each round follows) at each size without scoring: a candidate
 outside the pool and the exact top 100 cannot be in the exact top 10, and counts as scored lowest when a round
-picks its best (results/shortlist-variants-DATA.json counts as picks_below_known the rounds where that happened).
+picks its best (`variants` runs predict.Shortlist itself, its scores looked up).
 """
 import argparse, json, sys, time
 from pathlib import Path
@@ -200,20 +200,20 @@ def pool(args):
         print(f"{path.stem}: {args.size + len(more)} scored, {time.time() - t:.0f} s", flush=True)
 
 
-def simulate(short, src, known, size, share, follow, rounds):
-    """The shortlist of `size` that a design would score: `share` of it from the sources, then in each further round
-    the candidates nearest the `follow` best so far (by the known scores: a missing one counts as lowest)."""
-    chosen, low = src[:int(size * share)], 0
-    for i in range(rounds - 1):
-        s = np.array([known.get(int(c), -np.inf) for c in chosen])
-        best = np.argsort(-s, kind="stable")[:follow]
-        low += bool(np.isinf(s[best]).any())
-        near = short.nearest(chosen[best])
-        chosen = np.concatenate([chosen, near[~np.isin(near, chosen)][:(size - len(chosen)) // (rounds - 1 - i)]])
-    return chosen, low
+class Known:
+    """A scorer that looks scores up (the pool's and the exact top 100's) instead of computing them: one that is in
+    neither cannot be in the exact top 10, and scores lowest."""
+
+    def __init__(self, known, side):
+        self.known, self.column = known, 2 if side else 0  # the candidate's column of the query's triples
+
+    def numpy(self, triples):
+        return np.array([self.known.get(int(c), -np.inf) for c in triples[:, self.column]], np.float32)
 
 
 def variants(args):
+    """The shipped predict.Shortlist itself, replayed with other rounds and follows on each query's pool: its sources
+    from the pool file, its scores looked up (Known), its nearest lists as shipped."""
     scorer, kg, ckpt, _ = load(args.data)
     cand, folder = kg.split_entities, files.ROOT / "results" / "shortlist"
     short = predict.Shortlist(kg, scorer, cand, files.sha256_file(ckpt), loaded_base_sha(ckpt))
@@ -222,27 +222,28 @@ def variants(args):
         z, x = np.load(path), np.load(folder / f"{kg.name}-exact" / path.name)
         known = dict(zip(cand[x["top"]].tolist(), x["score"].tolist()))  # entity -> score: the exact top 100
         known |= dict(zip(z["pool"].tolist(), z["score"].tolist()))  # and the pool
-        queries.append((z["src"].astype(np.int64), known, cand[x["top"][:10]]))
-    designs = [(rounds, 1 / rounds, follow) for rounds in (2, 3, 4) for follow in (5, 10, 20)]
+        queries.append(([int(v) for v in x["query"][:3]], z["src"].astype(np.int64), known, cand[x["top"][:10]]))
+    name = lambda rounds, follow: f"{rounds} rounds, first {1 / rounds:.2f}, follow {follow}"
     table = {}
     print(f"{kg.name}: {len(queries)} queries; exact top 10 recovered by each design (rounds, first share, follows)")
-    for rounds, share, follow in designs:
-        name, row = f"{rounds} rounds, first {share:.2f}, follow {follow}", {}
-        for size in args.sizes:
-            short.size = size  # as predict.Shortlist(size=size) has it: nearest lists of `size`
-            got = [simulate(short, src, known, size, share, follow, rounds) for src, known, _ in queries]
-            row[size] = dict(recovered=float(np.mean([np.isin(top, c).sum() for (c, _), (_, _, top) in
-                                                       zip(got, queries)]) / 10),
-                             scored_mean=float(np.mean([len(c) for c, _ in got])),
-                             picks_below_known=int(sum(low for _, low in got)))
-        table[name] = row
-        cells = [f"{100 * v['recovered']:.1f}% ({v['scored_mean']:.0f}, {v['picks_below_known']})"
-                 for v in row.values()]
-        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    for short.rounds in (2, 3, 4):
+        for short.follow in (5, 10, 20):
+            row = {}
+            for short.size in args.sizes:
+                got = []
+                for (e, r, side), src, known, top in queries:
+                    short.sources, short.scorer = lambda *_, src=src: src, Known(known, side)
+                    chosen, _ = short(e, r, side)
+                    got.append((np.isin(top, chosen).sum(), len(chosen)))
+                recovered, scored = np.mean(got, 0)
+                row[short.size] = dict(recovered=float(recovered / 10), scored_mean=float(scored))
+            table[name(short.rounds, short.follow)] = row
+            cells = [f"{100 * v['recovered']:.1f}% ({v['scored_mean']:.0f})" for v in row.values()]
+            print(f"| {name(short.rounds, short.follow)} | " + " | ".join(cells) + " |", flush=True)
     out = files.ROOT / "results" / f"shortlist-variants-{kg.name}.json"
     result = dict(command=f"python bench/shortlist.py variants --data {kg.name} --sizes "
-                  + ",".join(map(str, args.sizes)), queries=len(queries), shipped="2 rounds, first 0.50, follow 10",
-                  designs=table)
+                  + ",".join(map(str, args.sizes)), queries=len(queries),
+                  shipped=name(predict.ROUNDS, predict.FOLLOW), designs=table)
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
 
 
