@@ -242,7 +242,8 @@ def variants(args):
             print(f"| {name(short.rounds, short.follow)} | " + " | ".join(cells) + " |", flush=True)
     out = files.ROOT / "results" / f"shortlist-variants-{kg.name}.json"
     result = dict(command=f"python bench/shortlist.py variants --data {kg.name} --sizes "
-                  + ",".join(map(str, args.sizes)), queries=len(queries),
+                  + ",".join(map(str, args.sizes)), queries=len(queries), ckpt=files.project_path(ckpt),
+                  train=evaluate.train_summary(palt.read_checkpoint(ckpt, tensors=False)[1]),
                   shipped=name(predict.ROUNDS, predict.FOLLOW), designs=table)
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
 
