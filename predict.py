@@ -1,11 +1,13 @@
 """--predict: the top-k completions of a query or of a file of them (resumable), and on big graphs the shortlist that
 makes a query take seconds (its agreement with the exact ranking is measured by bench/shortlist.py, RESULTS.md).
 
-The shortlist of a query (e, r, side) is scored in three rounds. The first third takes, in turns: the best of an
+The shortlist of a query (e, r, side) is scored in five rounds of equal parts, its sources competing: the best of an
 anchor query's exact scores (the same relation and side asked of another entity: what the model puts first for this
-relation whatever the entity), the entities nearest e by the frozen encoder's text embedding, those nearest e's
-train answers, and the relation's train type by frequency; e's train answers come first where they are few (at most
-a quarter of the list). Each further third: the entities nearest the best 10 scored so far.
+relation whatever the entity), the entities nearest e by the frozen encoder's text embedding, those nearest e's train
+answers, the relation's train type by frequency, and the entities nearest the best 20 scored so far. Each round takes
+from them in turns, as many a turn from each as the square of how many of the best 10 so far it supplied (the first
+round one each; following the best as many as the best source): FB15k-237's best come from all of them, WN18RR's
+mostly from near e. e's train answers come first where they are few (at most a quarter of the list).
 Anchor scores and embeddings are computed once and cached on disk ($PALT_CACHE, else ~/.cache/palt), keyed by the
 checkpoint, the base weights and the data. --lp and --tc never use it: their metrics score every candidate.
 """
@@ -17,10 +19,10 @@ import torch
 import data, files
 from bigrank import Progress
 
-# candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 96.1% of the exact top 10
-# at 1,000 (1.3 s a query on 2 cores); WN18RR's longer texts: 93.6% at 1,000 (3.7 s), 95.0% at 1,500 (5.1 s)
+# candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 97% of the exact top 10
+# at 1,000 (1.3 s a query on 2 cores); WN18RR's longer texts: 95% at 1,000 (3.7 s)
 SIZE = 1000
-ROUNDS, FOLLOW = 3, 10  # the sources' third, then twice the nearest of the best 10 so far (bench/shortlist.py variants)
+ROUNDS, FOLLOW, BEST = 5, 20, 10  # the rounds, the best followed, the best whose sources count (bench/shortlist.py)
 ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
 KEEP = 4096  # an anchor's best candidates kept in its cache file
 
@@ -36,7 +38,7 @@ def cache_dir():
 
 
 class Shortlist:
-    rounds, follow = ROUNDS, FOLLOW  # (bench/shortlist.py variants tries others)
+    rounds, follow, best = ROUNDS, FOLLOW, BEST  # (bench/shortlist.py variants tries others)
 
     def __init__(self, kg, scorer, cand, key, base_key, size=SIZE):
         """kg's train facts give the answers and types; scorer scores the anchors (over the candidates `cand`);
@@ -51,32 +53,34 @@ class Shortlist:
         self.built = []  # (what, seconds) of the cached parts computed for the queries so far
 
     def __call__(self, e, r, side):
-        """(candidates, their scores) of the query (e, r, side), at most `size` of `cand`, in `rounds` rounds: a share
-        from the sources in turns, scored; then, each round, the candidates nearest the best `follow` so far (the
-        model's top tends to be alike: near one answer lie the next), scored."""
-        chosen = self.sources(e, r, side)[:self.size // self.rounds]
+        """(candidates, their scores) of the query (e, r, side), at most `size` of `cand`: e's train answers where
+        few, then `rounds` rounds, each taking from the sources (and the nearest of the best `follow` so far) in
+        turns weighted by what each supplied to the best `best` so far, and scoring what it took."""
+        first, sources = self.sources(e, r, side)
+        chosen, origin = first, np.full(len(first), -1)  # origin: the source a candidate came from (-1: answers)
         scores = self.scorer.numpy(query_triples(e, r, side, chosen))
-        for left in range(self.rounds - 1, 0, -1):  # the rounds still to come, this one included
-            near = self.nearest(chosen[np.argsort(-scores, kind="stable")[:self.follow]])
-            more = near[~np.isin(near, chosen)][:(self.size - len(chosen)) // left]
-            chosen = np.concatenate([chosen, more])
+        weights = np.ones(len(sources) + 1, np.int64)
+        weights[-1] = 0  # following the best: once there is a best
+        for left in range(self.rounds, 0, -1):  # the rounds still to come, this one included
+            lists = sources + [self.nearest(chosen[np.argsort(-scores, kind="stable")[:self.follow]])]
+            more, came = interleave(lists, weights, chosen, (self.size - len(chosen)) // left)
+            chosen, origin = np.concatenate([chosen, more]), np.concatenate([origin, came])
             scores = np.concatenate([scores, self.scorer.numpy(query_triples(e, r, side, more))])
+            came = origin[np.argsort(-scores, kind="stable")[:self.best]]
+            weights = np.bincount(came[came >= 0], minlength=len(lists)) ** 2  # the sources of the best: more turns
+            weights[-1] = max(weights.max(), 1)  # the nearest of the best as many as the best source
         return chosen, scores
 
     def sources(self, e, r, side):
-        """The first round's order: e's train answers where few, then in turns the anchor's best, the nearest to e and
-        to its answers, and the relation's train type by frequency."""
+        """e's train answers where few, and the sources in order: the anchor's best, the nearest to e and to its
+        answers, and the relation's train type by frequency (candidates only)."""
         q, rel, ans = self.train[side]
         answers = np.unique(ans[(q == e) & (rel == r)])
-        typed = ans[rel == r]
-        kinds, counts = np.unique(typed, return_counts=True)
+        kinds, counts = np.unique(ans[rel == r], return_counts=True)
         sources = [self.anchor(r, side, e), self.nearest([e]), self.nearest(answers),
                    kinds[np.argsort(-counts, kind="stable")]]
-        turns = np.stack([np.resize(s, len(self.cand)) if len(s) else np.full(len(self.cand), -1) for s in sources], 1)
         first = answers if len(answers) <= self.size // 4 else answers[:0]  # thousands (a gender's people): no
-        order = np.concatenate([first, turns.ravel()])  # then one from each source in turn
-        order = order[(order >= 0) & (self.pos[np.maximum(order, 0)] >= 0)]
-        return order[np.sort(np.unique(order, return_index=True)[1])]
+        return first[self.pos[first] >= 0], [s[self.pos[s] >= 0] for s in sources]
 
     def anchor(self, r, side, e):
         """The candidates by the exact score of (a, r, ?) (side 1) or (?, r, a): a the entity most often asked this way
@@ -124,6 +128,25 @@ class Shortlist:
                 save(path, self.emb.half().numpy())
                 self.built.append(("entity embeddings", time.time() - t))
         return self.emb
+
+
+def interleave(lists, weights, taken, n):
+    """The first n entries of `lists` not in `taken`, in turns: weights[k] from lists[k] a turn (none at weight 0);
+    and the list each came from (the first that holds it)."""
+    turn, source, items = [], [], []
+    for k, (entries, w) in enumerate(zip(lists, weights)):
+        if w:
+            entries = entries[~np.isin(entries, taken)][:n]
+            turn.append(np.arange(len(entries)) // w)
+            source.append(np.full(len(entries), k))
+            items.append(entries)
+    if not items:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    turn, source, items = np.concatenate(turn), np.concatenate(source), np.concatenate(items)
+    order = np.lexsort((source, turn))  # by turn, then by source (a list's own order kept: lexsort is stable)
+    _, once = np.unique(items[order], return_index=True)  # an entity in two lists: where it comes first
+    keep = order[np.sort(once)][:n]
+    return items[keep], source[keep]
 
 
 def load(path):
@@ -244,8 +267,8 @@ def predict(run, scorer, kg, tokenizer, info):
             print(f"built {what} in {seconds:.0f} s, cached in {short.folder}")
         if short:
             short.built.clear()
-        over = (f"a shortlist of {len(some):,} of {len(cand):,} candidates (anchor, nearest, type, then the nearest of "
-                "their best: --shortlist all scores every one)") if short else f"{len(cand):,} candidates"
+        over = (f"a shortlist of {len(some):,} of {len(cand):,} candidates (anchor, nearest, type and the nearest of "
+                "the best, in rounds: --shortlist all scores every one)") if short else f"{len(cand):,} candidates"
         print(f"{q} over {over}, {time.time() - t:.1f} s; score = NSP logit margin; * = a known fact (train/dev/test)")
         mine = []
         for place, (c, score, k) in enumerate(zip(some[top], s[top], known), 1):

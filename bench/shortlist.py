@@ -21,12 +21,11 @@ One JSON line per query in results/shortlist/DATA-measure.jsonl; `table` sums th
 run that shared the CPU with others; `latency` times the chosen size alone, all cores, after the model loaded and
 with the anchors cached (the first query of a relation and side builds its anchor: timed apart, as `built_s`).
 
-`pool` scores a generous pool of each measured query (the first --size of the sources, then the nearest of their
-best 10: ~2,500 candidates; runs/shortlist-pool/DATA/, resumable, not committed: 2-8 MB, 15 min for WN18RR and 40
-for FB15k-237 (its anchors built on the way) on a core), so that `variants` can compare other designs
-(rounds, the first round's share, how many of its best each round follows) at each size without scoring: a candidate
-outside the pool and the exact top 100 cannot be in the exact top 10, and counts as scored lowest when a round
-picks its best (`variants` runs predict.Shortlist itself, its scores looked up).
+`pool` scores a generous pool of each measured query (the shipped design's list of --size 2,500;
+runs/shortlist-pool/DATA/, resumable, not committed: 2-8 MB, ~15 min for WN18RR and ~40 for FB15k-237 on a core), so
+that `variants` can compare other designs (rounds, how many of the best each round follows) at each size without
+scoring: a candidate outside the pool and the exact top 100 cannot be in the exact top 10, and counts as scored
+lowest when a round picks its best (`variants` runs predict.Shortlist itself, its scores looked up).
 """
 import argparse, json, sys, time
 from pathlib import Path
@@ -189,15 +188,9 @@ def pool(args):
             continue
         e, r, side, _ = (int(x) for x in np.load(path)["query"])
         t = time.time()
-        src = short.sources(e, r, side)
-        s1 = scorer.numpy(predict.query_triples(e, r, side, src[:args.size]))
-        more = short.nearest(src[:args.size][np.argsort(-s1, kind="stable")[:10]])
-        more = more[~np.isin(more, src[:args.size])]
-        s2 = scorer.numpy(predict.query_triples(e, r, side, more))
-        files.write_atomic(folder / path.name, lambda f: np.savez(
-            f, src=src[:3 * args.size].astype(np.int32), pool=np.concatenate([src[:args.size], more]).astype(np.int32),
-            score=np.concatenate([s1, s2])))
-        print(f"{path.stem}: {args.size + len(more)} scored, {time.time() - t:.0f} s", flush=True)
+        some, s = short(e, r, side)  # the shipped design at a generous size
+        files.write_atomic(folder / path.name, lambda f: np.savez(f, pool=some.astype(np.int32), score=s))
+        print(f"{path.stem}: {len(some)} scored, {time.time() - t:.0f} s", flush=True)
 
 
 class Known:
@@ -213,26 +206,27 @@ class Known:
 
 def variants(args):
     """The shipped predict.Shortlist itself, replayed with other rounds and follows on each query's pool: its sources
-    from the pool file, its scores looked up (Known), its nearest lists as shipped."""
+    as shipped, its scores looked up (Known)."""
     scorer, kg, ckpt, _ = load(args.data)
     cand, folder = kg.split_entities, files.ROOT / "results" / "shortlist"
-    short = predict.Shortlist(kg, scorer, cand, files.sha256_file(ckpt), loaded_base_sha(ckpt))
+    short = predict.Shortlist(kg, scorer, cand, files.sha256_file(ckpt), loaded_base_sha(ckpt), max(args.sizes))
     queries = []
     for path in sorted((files.ROOT / "runs" / "shortlist-pool" / kg.name).glob("q*.npz")):
         z, x = np.load(path), np.load(folder / f"{kg.name}-exact" / path.name)
         known = dict(zip(cand[x["top"]].tolist(), x["score"].tolist()))  # entity -> score: the exact top 100
         known |= dict(zip(z["pool"].tolist(), z["score"].tolist()))  # and the pool
-        queries.append(([int(v) for v in x["query"][:3]], z["src"].astype(np.int64), known, cand[x["top"][:10]]))
-    name = lambda rounds, follow: f"{rounds} rounds, first {1 / rounds:.2f}, follow {follow}"
+        e, r, side = (int(v) for v in x["query"][:3])
+        queries.append(((e, r, side), short.sources(e, r, side), known, cand[x["top"][:10]]))
+    name = lambda rounds, follow: f"{rounds} rounds, follow {follow}"
     table = {}
-    print(f"{kg.name}: {len(queries)} queries; exact top 10 recovered by each design (rounds, first share, follows)")
-    for short.rounds in (2, 3, 4):
-        for short.follow in (5, 10, 20):
+    print(f"{kg.name}: {len(queries)} queries; exact top 10 recovered by each design (rounds, follows)")
+    for short.rounds in (3, 4, 5, 6):
+        for short.follow in (10, 20):
             row = {}
             for short.size in args.sizes:
                 got = []
-                for (e, r, side), src, known, top in queries:
-                    short.sources, short.scorer = lambda *_, src=src: src, Known(known, side)
+                for (e, r, side), sources, known, top in queries:
+                    short.sources, short.scorer = lambda *_, s=sources: s, Known(known, side)
                     chosen, _ = short(e, r, side)
                     got.append((np.isin(top, chosen).sum(), len(chosen)))
                 recovered, scored = np.mean(got, 0)
@@ -266,7 +260,7 @@ def main(argv=None):
     la.add_argument("--queries", type=int, default=50, help="the first N measured queries")
     po = sub.add_parser("pool", help="score a pool of each measured query, for variants (resumable)")
     po.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
-    po.add_argument("--size", type=int, default=1500, help="the sources' first N, then the nearest of their best")
+    po.add_argument("--size", type=int, default=2500, help="the shipped design's list of N")
     po.add_argument("--reverse", action="store_true", help="from the last query: a second process shares the work")
     va = sub.add_parser("variants", help="other shortlist designs, simulated on the pools")
     va.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])

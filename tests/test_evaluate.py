@@ -444,11 +444,11 @@ def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp
 
 def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, lp_root, tmp_path, capsys, device,
                                                                       monkeypatch):
-    """--shortlist N scores N candidates in three rounds: from the sources in order, the query's train answers first
-    (at most N/4 of them), then in turns the best of an anchor query's exact scores (the same relation asked of the
-    entity most often asked it in train), the nearest entities, ... up to N/3; then twice the nearest of the best 10
-    so far. The header says N of how many. The anchor and the embeddings are built once, then read from the cache.
-    --shortlist all, and any graph of few entities, score every candidate."""
+    """--shortlist N scores N candidates: the query's train answers first (at most N/4 of them), then in rounds from
+    the sources in turns, the first round one each: the best of an anchor query's exact scores (the same relation
+    asked of the entity most often asked it in train), the nearest entities, ... The header says N of how many. The
+    anchor and the embeddings are built once, then read from the cache. --shortlist all, and any graph of few
+    entities, score every candidate."""
     path, model, kg, enc = trained
     monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
     base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--topk", "3", "--dtype", "fp32", "apple",
@@ -463,13 +463,12 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     short = predict.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(path), sha, 8)
     some, s = short(0, 0, 1)
     assert short.built == []  # both parts came from the cache
-    assert some[:2].tolist() == [1, 2] and len(some) == 8  # (apple, part of, e1), (apple, part of, e2): train, few
+    assert len(set(some.tolist())) == len(some) == 8
+    assert some[:2].tolist() == [1, 2]  # (apple, part of, e1), (apple, part of, e2): train answers, few
     exact = scorer.numpy([(3, 0, t) for t in kg.split_entities])  # the anchor: e3 is asked (e3, part of, ?) in train
-    sources = short.sources(0, 0, 1)
-    assert sources[:2].tolist() == [1, 2] and {kg.split_entities[np.argmax(exact)], 0} == set(sources[2:4].tolist())
-    for start, end in ((2, 5), (5, 8)):  # rounds 2 and 3 (8 // 3 from the sources): the nearest of the best so far
-        best = some[:start][np.argsort(-s[:start], kind="stable")[:10]]
-        assert some[start:end].tolist() == [c for c in short.nearest(best) if c not in some[:start]][:end - start]
+    first, sources = short.sources(0, 0, 1)
+    assert first.tolist() == [1, 2] and sources[0][0] == kg.split_entities[np.argmax(exact)] and sources[1][0] == 0
+    assert some[2] == next(c for c in sources[0] if c not in (1, 2))  # round 1 ((8 - 2) // 5 = 1): the anchor's
     assert s == pytest.approx(scorer.numpy([(0, 0, t) for t in some]), abs=1e-5)  # the scores of those candidates
     assert [int(re.search(r" e(\d+) ", line)[1]) for line in lines[1:]] == some[np.argsort(-s, kind="stable")[:3]].tolist()
     evaluate.main(base + ["--shortlist", "8"])
@@ -481,6 +480,16 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     for extra in (["--shortlist", "all"], []):
         evaluate.main(base + extra)
         assert capsys.readouterr().out.startswith("(apple, part of, ?) over 10 candidates")
+
+
+def test_the_shortlist_takes_from_its_sources_in_weighted_turns():
+    """A round takes the first n entries not yet taken, weights[k] from list k a turn (none at weight 0); an entity
+    in two lists counts for the one it comes first in."""
+    lists = [np.array([1, 2, 3, 4]), np.array([5, 1, 6]), np.array([7, 8])]
+    got, came = predict.interleave(lists, np.array([2, 1, 0]), np.array([2]), 5)
+    assert got.tolist() == [1, 3, 5, 4, 6] and came.tolist() == [0, 0, 1, 0, 1]
+    assert predict.interleave(lists, np.array([1, 1, 1]), np.array([2]), 3)[0].tolist() == [1, 5, 7]
+    assert len(predict.interleave(lists, np.array([0, 0, 0]), np.array([]), 3)[0]) == 0
 
 
 def test_a_stopped_file_of_queries_resumes_where_it_stopped(trained, lp_root, tmp_path, capsys, monkeypatch):
