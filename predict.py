@@ -20,7 +20,7 @@ import data, files
 from bigrank import Progress
 
 # candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 97% of the exact top 10
-# at 1,000 (1.3 s a query on 2 cores); WN18RR's longer texts: 95% at 1,000 (3.7 s)
+# at 1,000 (~2 s a query on 2 cores); WN18RR's longer texts: 95% at 1,000 (~5 s), 94.6% at 800
 SIZE = 1000
 ROUNDS, FOLLOW, BEST = 5, 20, 10  # the rounds, the best followed, the best whose sources count (bench/shortlist.py)
 ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
