@@ -62,7 +62,8 @@ class Shortlist:
         weights = np.ones(len(sources) + 1, np.int64)
         weights[-1] = 0  # following the best: once there is a best
         for left in range(self.rounds, 0, -1):  # the rounds still to come, this one included
-            lists = sources + [self.nearest(chosen[np.argsort(-scores, kind="stable")[:self.follow]])]
+            best = chosen[np.argsort(-scores, kind="stable")[:self.follow]] if weights[-1] else chosen[:0]
+            lists = sources + [self.nearest(best)]  # (none before a first score: no nearest pass wasted)
             more, came = interleave(lists, weights, chosen, (self.size - len(chosen)) // left)
             chosen, origin = np.concatenate([chosen, more]), np.concatenate([origin, came])
             scores = np.concatenate([scores, self.scorer.numpy(query_triples(e, r, side, more))])
