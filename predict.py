@@ -7,7 +7,9 @@ relation whatever the entity), the entities nearest e by the frozen encoder's te
 answers, the relation's train type by frequency, and the entities nearest the best 20 scored so far. Each round takes
 from them in turns, as many a turn from each as the square of how many of the best 10 so far it supplied (the first
 round one each; following the best as many as the best source): FB15k-237's best come from all of them, WN18RR's
-mostly from near e. e's train answers come first where they are few (at most a quarter of the list).
+mostly from near e. e's train answers come first where they are few (at most a quarter of the list). The rounds stop
+early once the best 15 stayed the same for PATIENCE rounds (after at least MIN_SHARE of the list): most queries
+settle within about half of it, and the list's size is what the hard ones may take.
 Anchor scores and embeddings are computed once and cached on disk ($PALT_CACHE, else ~/.cache/palt), keyed by the
 checkpoint, the base weights and the data. --lp and --tc never use it: their metrics score every candidate.
 """
@@ -19,10 +21,12 @@ import torch
 import data, files
 from bigrank import Progress
 
-# candidates scored a query, by bench/shortlist.py's table (RESULTS.md): FB15k-237 recovers 97% of the exact top 10
-# at 1,000 (~2 s a query on 2 cores); WN18RR's longer texts: 95% at 1,000 (~5 s), 94.6% at 800
-SIZE = 1000
-ROUNDS, FOLLOW, BEST = 5, 20, 10  # the rounds, the best followed, the best whose sources count (bench/shortlist.py)
+# candidates scored a query at most, by bench/shortlist.py's table (RESULTS.md); the rounds, the best followed, the
+# best whose sources count; the early stop: the best that must stay the same (a margin over the top 10, whose 10th
+# may tie the 11th), for how many rounds, and the share of SIZE scored first
+SIZE = 1500
+ROUNDS, FOLLOW, BEST = 10, 20, 10
+SETTLE, PATIENCE, MIN_SHARE = 15, 2, 0.4
 ALL_UP_TO = 5000  # graphs with at most this many candidates score them all: a shortlist would save little
 KEEP = 4096  # an anchor's best candidates kept in its cache file
 
@@ -38,7 +42,7 @@ def cache_dir():
 
 
 class Shortlist:
-    rounds, follow, best = ROUNDS, FOLLOW, BEST  # (bench/shortlist.py variants tries others)
+    rounds, follow, best, settle, patience = ROUNDS, FOLLOW, BEST, SETTLE, PATIENCE  # (bench/shortlist.py variants)
 
     def __init__(self, kg, scorer, cand, key, base_key, size=SIZE):
         """kg's train facts give the answers and types; scorer scores the anchors (over the candidates `cand`);
@@ -54,22 +58,29 @@ class Shortlist:
 
     def __call__(self, e, r, side):
         """(candidates, their scores) of the query (e, r, side), at most `size` of `cand`: e's train answers where
-        few, then `rounds` rounds, each taking from the sources (and the nearest of the best `follow` so far) in
-        turns weighted by what each supplied to the best `best` so far, and scoring what it took."""
+        few, then up to `rounds` rounds, each taking from the sources (and the nearest of the best `follow` so far)
+        in turns weighted by what each supplied to the best `best` so far, and scoring what it took; it stops when
+        the best `settle` stayed the same for `patience` rounds (0: never) and MIN_SHARE of `size` is scored."""
         first, sources = self.sources(e, r, side)
         chosen, origin = first, np.full(len(first), -1)  # origin: the source a candidate came from (-1: answers)
         scores = self.scorer.numpy(query_triples(e, r, side, chosen))
         weights = np.ones(len(sources) + 1, np.int64)
         weights[-1] = 0  # following the best: once there is a best
+        settled, top = 0, None  # rounds the best stayed the same for; the best (a set of candidates)
         for left in range(self.rounds, 0, -1):  # the rounds still to come, this one included
             best = chosen[np.argsort(-scores, kind="stable")[:self.follow]] if weights[-1] else chosen[:0]
             lists = sources + [self.nearest(best)]  # (none before a first score: no nearest pass wasted)
-            more, came = interleave(lists, weights, chosen, (self.size - len(chosen)) // left)
+            more, came = interleave(lists, weights, chosen, -(-(self.size - len(chosen)) // left))  # (ceil)
             chosen, origin = np.concatenate([chosen, more]), np.concatenate([origin, came])
             scores = np.concatenate([scores, self.scorer.numpy(query_triples(e, r, side, more))])
-            came = origin[np.argsort(-scores, kind="stable")[:self.best]]
+            order = np.argsort(-scores, kind="stable")
+            came = origin[order[:self.best]]
             weights = np.bincount(came[came >= 0], minlength=len(lists)) ** 2  # the sources of the best: more turns
             weights[-1] = max(weights.max(), 1)  # the nearest of the best as many as the best source
+            settled = settled + 1 if top == set(chosen[order[:self.settle]].tolist()) else 0
+            top = set(chosen[order[:self.settle]].tolist())
+            if self.patience and settled >= self.patience and len(chosen) >= MIN_SHARE * self.size:
+                break
         return chosen, scores
 
     def sources(self, e, r, side):
@@ -269,7 +280,8 @@ def predict(run, scorer, kg, tokenizer, info):
         if short:
             short.built.clear()
         over = (f"a shortlist of {len(some):,} of {len(cand):,} candidates (anchor, nearest, type and the nearest of "
-                "the best, in rounds: --shortlist all scores every one)") if short else f"{len(cand):,} candidates"
+                "the best, in rounds until the best settle: --shortlist all scores every one)") if short else \
+            f"{len(cand):,} candidates"
         print(f"{q} over {over}, {time.time() - t:.1f} s; score = NSP logit margin; * = a known fact (train/dev/test)")
         mine = []
         for place, (c, score, k) in enumerate(zip(some[top], s[top], known), 1):

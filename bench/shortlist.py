@@ -4,7 +4,7 @@
     python bench/shortlist.py exact --data wn18rr --triples 25          # 50 queries, ~3 min each on 2 cores
     python bench/shortlist.py measure --data fb15k-237 --sizes 250,500,1000,2000    # resumable too
     python bench/shortlist.py table --data fb15k-237                    # -> results/shortlist-fb15k-237.json
-    python bench/shortlist.py latency --data fb15k-237 --size 1000      # seconds a query, all cores, into that JSON
+    python bench/shortlist.py latency --data fb15k-237 --size 1500      # seconds a query, all cores, into that JSON
     python bench/shortlist.py pool --data wn18rr && python bench/shortlist.py variants --data wn18rr   # designs
 
 `exact` scores every candidate entity (the split's, as --predict does) of each query with the shipped adapter and
@@ -21,10 +21,10 @@ One JSON line per query in results/shortlist/DATA-measure.jsonl; `table` sums th
 run that shared the CPU with others; `latency` times the chosen size alone, all cores, after the model loaded and
 with the anchors cached (the first query of a relation and side builds its anchor: timed apart, as `built_s`).
 
-`pool` scores a generous pool of each measured query (the shipped design's list of --size 2,500;
-runs/shortlist-pool/DATA/, resumable, not committed: 2-8 MB, ~15 min for WN18RR and ~40 for FB15k-237 on a core), so
-that `variants` can compare other designs (rounds, how many of the best each round follows) at each size without
-scoring: a candidate outside the pool and the exact top 100 cannot be in the exact top 10, and counts as scored
+`pool` scores a generous pool of each measured query (the shipped design's list of --size 2,500, never stopped
+early; runs/shortlist-pool/DATA/, resumable, not committed: 2-8 MB, ~15 min for WN18RR and ~40 for FB15k-237 on a
+core), so that `variants` can compare other designs (rounds, the rounds the best 10 must stay the same to stop early)
+at each size without scoring: a candidate outside the pool and the exact top 100 cannot be in the exact top 10, and counts as scored
 lowest when a round picks its best (`variants` runs predict.Shortlist itself, its scores looked up).
 """
 import argparse, json, sys, time
@@ -154,7 +154,7 @@ def latency(args):
     short = predict.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(ckpt), loaded_base_sha(ckpt),
                                 args.size)
     short.embeddings()
-    seconds = []
+    seconds, before = [], []
     for row in rows:  # as evaluate.py --predict asks a query: the list, then its scores, then the top 10
         e, r, side, _ = row["query"]
         t = time.time()
@@ -164,6 +164,13 @@ def latency(args):
         print(f"{row['q']}: {seconds[-1]:.2f} s" + (" (built " + ", ".join(w for w, _ in short.built) + ")"
                                                      if short.built else ""), flush=True)
         short.built.clear()
+        if args.baseline:  # stop 44's design on the same query right after: the CPU's speed of the day cancels
+            design = short.rounds, short.patience, short.size, evaluate.MIN_ROWS
+            short.rounds, short.patience, short.size, evaluate.MIN_ROWS = 5, 0, 1000, 1
+            t = time.time()
+            short(e, r, side)
+            before.append(time.time() - t)
+            short.rounds, short.patience, short.size, evaluate.MIN_ROWS = design
     with open("/proc/loadavg") as f:
         loadavg = float(f.read().split()[0])  # the other work on the CPU meanwhile
     out = files.ROOT / "results" / f"shortlist-{kg.name}.json"
@@ -173,6 +180,9 @@ def latency(args):
         command=command, size=args.size, queries=len(seconds), threads=torch.get_num_threads(), dtype=dtype,
         load_average_1min=loadavg, median_s=float(np.median(seconds)), p90_s=float(np.percentile(seconds, 90)),
         max_s=float(np.max(seconds)))
+    if before:
+        result["latency"][str(args.size)] |= dict(command=command + " --baseline", stop44_median_s=float(np.median(
+            before)), stop44_p90_s=float(np.percentile(before, 90)), stop44_design="5 rounds, 1,000, batches of any size")
     print(result["latency"][str(args.size)])
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
 
@@ -182,6 +192,7 @@ def pool(args):
     folder = files.ROOT / "runs" / "shortlist-pool" / kg.name
     folder.mkdir(parents=True, exist_ok=True)
     short = predict.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(ckpt), loaded_base_sha(ckpt), args.size)
+    short.patience = 0  # the whole list: the pool of every design that stops early
     paths = sorted((files.ROOT / "results" / "shortlist" / f"{kg.name}-exact").glob("q*.npz"))
     for path in paths[::-1] if args.reverse else paths:
         if (folder / path.name).exists():
@@ -205,8 +216,8 @@ class Known:
 
 
 def variants(args):
-    """The shipped predict.Shortlist itself, replayed with other rounds and follows on each query's pool: its sources
-    as shipped, its scores looked up (Known)."""
+    """The shipped predict.Shortlist itself, replayed with other rounds and early stops (the best that must settle,
+    for how many rounds; 0: never stops early) on each query's pool: its sources as shipped, its scores looked up."""
     scorer, kg, ckpt, _ = load(args.data)
     cand, folder = kg.split_entities, files.ROOT / "results" / "shortlist"
     short = predict.Shortlist(kg, scorer, cand, files.sha256_file(ckpt), loaded_base_sha(ckpt), max(args.sizes))
@@ -220,28 +231,29 @@ def variants(args):
         for short.size in args.sizes:  # the size decides whether e's train answers come first (at most a quarter)
             by_size[short.size] = short.sources(e, r, side)
         queries.append(((e, r, side), by_size, known, cand[x["top"][:10]]))
-    name = lambda rounds, follow: f"{rounds} rounds, follow {follow}"
     table = {}
-    print(f"{kg.name}: {len(queries)} queries; exact top 10 recovered by each design (rounds, follows)")
-    for short.rounds in (3, 4, 5, 6):
-        for short.follow in (10, 20):
-            row = {}
-            for short.size in args.sizes:
-                got = []
-                for (e, r, side), by_size, known, top in queries:
-                    short.sources, short.scorer = lambda *_, s=by_size[short.size]: s, Known(known, side)
-                    chosen, _ = short(e, r, side)
-                    got.append((np.isin(top, chosen).sum(), len(chosen)))
-                recovered, scored = np.mean(got, 0)
-                row[short.size] = dict(recovered=float(recovered / 10), scored_mean=float(scored))
-            table[name(short.rounds, short.follow)] = row
-            cells = [f"{100 * v['recovered']:.1f}% ({v['scored_mean']:.0f})" for v in row.values()]
-            print(f"| {name(short.rounds, short.follow)} | " + " | ".join(cells) + " |", flush=True)
+    print(f"{kg.name}: {len(queries)} queries; exact top 10 recovered (candidates scored: median) by each design")
+    designs = [(5, 15, 0), (10, 15, 0), (10, 10, 2), (10, 15, 1), (10, 15, 2), (10, 15, 3), (10, 20, 2)]
+    for short.rounds, short.settle, short.patience in designs:  # (stop 44 shipped the first, never stopping early)
+        row = {}
+        for short.size in args.sizes:
+            got = []
+            for (e, r, side), by_size, known, top in queries:
+                short.sources, short.scorer = lambda *_, s=by_size[short.size]: s, Known(known, side)
+                chosen, _ = short(e, r, side)
+                got.append((np.isin(top, chosen).sum(), len(chosen)))
+            recovered, scored = np.array(got).T
+            row[short.size] = dict(recovered=float(recovered.mean() / 10), scored_mean=float(scored.mean()),
+                                   scored_median=float(np.median(scored)))
+        name = f"{short.rounds} rounds, best {short.settle} settled for {short.patience}"
+        table[name] = row
+        cells = [f"{100 * v['recovered']:.1f}% ({v['scored_median']:.0f})" for v in row.values()]
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
     out = files.ROOT / "results" / f"shortlist-variants-{kg.name}.json"
     result = dict(command=f"python bench/shortlist.py variants --data {kg.name} --sizes "
                   + ",".join(map(str, args.sizes)), queries=len(queries), ckpt=files.project_path(ckpt),
                   train=evaluate.train_summary(palt.read_checkpoint(ckpt, tensors=False)[1]),
-                  shipped=name(predict.ROUNDS, predict.FOLLOW), designs=table)
+                  shipped=f"{predict.ROUNDS} rounds, best {predict.SETTLE} settled for {predict.PATIENCE}", designs=table)
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
 
 
@@ -259,15 +271,17 @@ def main(argv=None):
     ta.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
     la = sub.add_parser("latency", help="seconds a query at one size, all cores (into results/shortlist-DATA.json)")
     la.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
-    la.add_argument("--size", type=int, default=1000)
+    la.add_argument("--size", type=int, default=predict.SIZE)
     la.add_argument("--queries", type=int, default=50, help="the first N measured queries")
+    la.add_argument("--baseline", action="store_true", help="also stop 44's design (5 rounds of 1,000, batches of "
+                    "any size) on each query, one after the other")
     po = sub.add_parser("pool", help="score a pool of each measured query, for variants (resumable)")
     po.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
     po.add_argument("--size", type=int, default=2500, help="the shipped design's list of N")
     po.add_argument("--reverse", action="store_true", help="from the last query: a second process shares the work")
     va = sub.add_parser("variants", help="other shortlist designs, simulated on the pools")
     va.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
-    va.add_argument("--sizes", type=lambda x: [int(k) for k in x.split(",")], default=[750, 1000, 1500, 2000])
+    va.add_argument("--sizes", type=lambda x: [int(k) for k in x.split(",")], default=[1000, 1500, 2000])
     args = ap.parse_args(argv)
     steps = dict(exact=exact, measure=measure, table=table, latency=latency, pool=pool, variants=variants)
     steps[args.step](args)

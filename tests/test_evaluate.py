@@ -1,6 +1,7 @@
 """evaluate.py: ranks with ties, filtered vs raw, the threshold search, resuming, 1 vs 2 torchrun processes, the CLI."""
 import errno, io, itertools, json, os, re, shutil, signal, subprocess, sys
 from pathlib import Path
+from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
@@ -444,11 +445,11 @@ def test_predict_heads_a_file_of_queries_and_an_entity_given_by_text(trained, lp
 
 def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, lp_root, tmp_path, capsys, device,
                                                                       monkeypatch):
-    """--shortlist N scores N candidates: the query's train answers first (at most N/4 of them), then in rounds from
-    the sources in turns, the first round one each: the best of an anchor query's exact scores (the same relation
-    asked of the entity most often asked it in train), the nearest entities, ... The header says N of how many. The
-    anchor and the embeddings are built once, then read from the cache. --shortlist all, and any graph of few
-    entities, score every candidate."""
+    """--shortlist N scores at most N candidates (here all 8: the best 15 of so few change with each round, so no
+    early stop): the query's train answers first (at most N/4 of them), then in rounds from the sources in turns, the
+    first round one each: the best of an anchor query's exact scores (the same relation asked of the entity most
+    often asked it in train), the nearest entities, ... The header says N of how many. The anchor and the embeddings
+    are built once, then read from the cache. --shortlist all, and any graph of few entities, score every candidate."""
     path, model, kg, enc = trained
     monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
     base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--topk", "3", "--dtype", "fp32", "apple",
@@ -468,7 +469,7 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     exact = scorer.numpy([(3, 0, t) for t in kg.split_entities])  # the anchor: e3 is asked (e3, part of, ?) in train
     first, sources = short.sources(0, 0, 1)
     assert first.tolist() == [1, 2] and sources[0][0] == kg.split_entities[np.argmax(exact)] and sources[1][0] == 0
-    assert some[2] == next(c for c in sources[0] if c not in (1, 2))  # round 1 ((8 - 2) // 5 = 1): the anchor's
+    assert some[2] == next(c for c in sources[0] if c not in (1, 2))  # round 1 (ceil((8 - 2) / 10) = 1): the anchor's
     assert s == pytest.approx(scorer.numpy([(0, 0, t) for t in some]), abs=1e-5)  # the scores of those candidates
     assert [int(re.search(r" e(\d+) ", line)[1]) for line in lines[1:]] == some[np.argsort(-s, kind="stable")[:3]].tolist()
     evaluate.main(base + ["--shortlist", "8"])
@@ -490,6 +491,28 @@ def test_the_shortlist_takes_from_its_sources_in_weighted_turns():
     assert got.tolist() == [1, 3, 5, 4, 6] and came.tolist() == [0, 0, 1, 0, 1]
     assert predict.interleave(lists, np.array([1, 1, 1]), np.array([2]), 3)[0].tolist() == [1, 5, 7]
     assert len(predict.interleave(lists, np.array([0, 0, 0]), np.array([]), 3)[0]) == 0
+
+
+def test_the_shortlist_stops_once_its_best_settle(tmp_path, monkeypatch):
+    """Rounds of size/rounds candidates each; once the best 15 stayed the same for `patience` rounds and MIN_SHARE of
+    the size is scored, no more rounds. A query whose best keep coming (patience 0, or better ones in every round)
+    takes the whole size."""
+    monkeypatch.setenv("PALT_CACHE", str(tmp_path))
+    E = 300
+    kg = SimpleNamespace(name="toy", fingerprint="0", text="name", train=np.array([[0, 0, 1]]),
+                         entities=[f"e{i}" for i in range(E)])
+    scorer = SimpleNamespace(numpy=lambda tri: (E - tri[:, 2]).astype(np.float32))  # the lower the id, the better
+    short = predict.Shortlist(kg, scorer, np.arange(E), "key", "base", size=100)
+    short.nearest = lambda entities: np.empty(0, np.int64)
+    assert (short.rounds, short.settle, short.patience, predict.MIN_SHARE) == (10, 15, 2, 0.4)
+    for source, patience, scored in [(np.arange(2, E), 2, 40), (np.arange(2, E), 0, 100), (np.arange(2, E), 5, 70),
+                                     (np.arange(E - 1, 1, -1), 2, 100)]:
+        short.sources = lambda e, r, side: (np.empty(0, np.int64), [source])
+        short.patience = patience
+        some, s = short(0, 0, 1)
+        # best first: rounds 3 and 4 leave the best 15 of rounds 1-2 as they were, round 4 reaches 40% of 100
+        assert len(some) == scored and some.tolist() == source[:scored].tolist()
+        assert s.tolist() == (E - some).tolist()
 
 
 def test_a_stopped_file_of_queries_resumes_where_it_stopped(trained, lp_root, tmp_path, capsys, monkeypatch):
