@@ -2,9 +2,9 @@
 
     python bench/shortlist.py exact --data fb15k-237 --triples 100      # 200 dev queries (both sides), resumable
     python bench/shortlist.py exact --data wn18rr --triples 25          # 50 queries, ~3 min each on 2 cores
-    python bench/shortlist.py measure --data fb15k-237 --sizes 250,500,1000,2000    # resumable too
+    python bench/shortlist.py measure --data fb15k-237 --sizes 1000,1500,2000    # resumable too
     python bench/shortlist.py table --data fb15k-237                    # -> results/shortlist-fb15k-237.json
-    python bench/shortlist.py latency --data fb15k-237 --size 1500      # seconds a query, all cores, into that JSON
+    python bench/shortlist.py latency --data fb15k-237 --baseline       # seconds a query, all cores, into that JSON
     python bench/shortlist.py pool --data wn18rr && python bench/shortlist.py variants --data wn18rr   # designs
 
 `exact` scores every candidate entity (the split's, as --predict does) of each query with the shipped adapter and
@@ -266,7 +266,7 @@ def main(argv=None):
     ex.add_argument("--reverse", action="store_true", help="from the last query: a second process shares the work")
     me = sub.add_parser("measure", help="the shortlist's top 10 against the exact one (resumable)")
     me.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
-    me.add_argument("--sizes", type=lambda x: [int(k) for k in x.split(",")], default=[250, 500, 1000, 2000])
+    me.add_argument("--sizes", type=lambda x: [int(k) for k in x.split(",")], default=[1000, 1500, 2000])
     ta = sub.add_parser("table", help="sum up measure's lines: results/shortlist-DATA.json")
     ta.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
     la = sub.add_parser("latency", help="seconds a query at one size, all cores (into results/shortlist-DATA.json)")
