@@ -1,8 +1,8 @@
 """--predict: the top-k completions of a query or of a file of them (resumable), and on big graphs the shortlist that
 makes a query take seconds (its agreement with the exact ranking is measured by bench/shortlist.py, RESULTS.md).
 
-The shortlist of a query (e, r, side) is scored in five rounds of equal parts, its sources competing: the best of an
-anchor query's exact scores (the same relation and side asked of another entity: what the model puts first for this
+The shortlist of a query (e, r, side) is scored in up to ten rounds of equal parts, its sources competing: the best of
+an anchor query's exact scores (the same relation and side asked of another entity: what the model puts first for this
 relation whatever the entity), the entities nearest e by the frozen encoder's text embedding, those nearest e's train
 answers, the relation's train type by frequency, and the entities nearest the best 20 scored so far. Each round takes
 from them in turns, as many a turn from each as the square of how many of the best 10 so far it supplied (the first
