@@ -690,7 +690,8 @@ def test_without_ckpt_the_shipped_adapter_is_evaluated(trained, lp_root, tmp_pat
 @pytest.mark.skipif(not Path(os.environ.get("PALT_DATA") or ROOT.parent / "shared" / "data", "umls").is_dir(),
                     reason="needs the umls data ($PALT_DATA or ../shared/data)")
 def test_the_shipped_adapter_is_found_whatever_palt_weights_says(tmp_path):
-    env = dict(os.environ, PALT_WEIGHTS=str(tmp_path), OMP_NUM_THREADS="1")  # base models kept elsewhere
+    env = dict(os.environ, PALT_WEIGHTS=str(tmp_path), OMP_NUM_THREADS="1",  # base models kept elsewhere
+               PALT_DATA=os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data"))  # as the skip found it
     proc = subprocess.run([sys.executable, "evaluate.py", "--lp", "--limit", "2", "--out", str(tmp_path / "r.json")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
