@@ -77,8 +77,9 @@ class Shortlist:
             came = origin[order[:self.best]]
             weights = np.bincount(came[came >= 0], minlength=len(lists)) ** 2  # the sources of the best: more turns
             weights[-1] = max(weights.max(), 1)  # the nearest of the best as many as the best source
-            settled = settled + 1 if top == set(chosen[order[:self.settle]].tolist()) else 0
-            top = set(chosen[order[:self.settle]].tolist())
+            now = set(chosen[order[:self.settle]].tolist())
+            settled = settled + 1 if now == top else 0
+            top = now
             if self.patience and settled >= self.patience and len(chosen) >= MIN_SHARE * self.size:
                 break
         return chosen, scores

@@ -23,9 +23,10 @@ with the anchors cached (the first query of a relation and side builds its ancho
 
 `pool` scores a generous pool of each measured query (the shipped design's list of --size 2,500, never stopped
 early; runs/shortlist-pool/DATA/, resumable, not committed: 2-8 MB, ~15 min for WN18RR and ~40 for FB15k-237 on a
-core), so that `variants` can compare other designs (rounds, the rounds the best 10 must stay the same to stop early)
-at each size without scoring: a candidate outside the pool and the exact top 100 cannot be in the exact top 10, and counts as scored
-lowest when a round picks its best (`variants` runs predict.Shortlist itself, its scores looked up).
+core), so that `variants` can compare other designs (rounds, the best that must stay the same to stop early and for
+how many rounds) at each size without scoring: a candidate outside the pool and the exact top 100 cannot be in the
+exact top 10, and counts as scored lowest when a round picks its best (`variants` runs predict.Shortlist itself,
+its scores looked up).
 """
 import argparse, json, sys, time
 from pathlib import Path
