@@ -277,8 +277,7 @@ def entity_embeddings(bert, S, enc, device="cpu", dtype="fp32", tokens=1 << 14):
 
 def nearest_entities(kg, emb, k=32):
     """(E, k) int64: the k split entities nearest each one by the cosine of their embeddings (entity_embeddings of
-    kg.split_entities),
-    itself excluded (outside the splits: itself), the hard cases random draws from 40k entities miss."""
+    kg.split_entities), itself excluded (outside the splits: itself): the hard cases random draws from 40k miss."""
     S = kg.split_entities
     near = np.repeat(np.arange(len(kg.entities))[:, None], k, axis=1)
     for s in range(0, len(S) if len(S) > 1 else 0, 1024):  # (1024, |S|) similarities at a time
