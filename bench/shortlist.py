@@ -6,6 +6,7 @@
     python bench/shortlist.py table --data fb15k-237                    # -> results/shortlist-fb15k-237.json
     python bench/shortlist.py latency --data fb15k-237 --baseline       # seconds a query, all cores, into that JSON
     python bench/shortlist.py pool --data wn18rr && python bench/shortlist.py variants --data wn18rr   # designs
+    python bench/shortlist.py anchors --data wn18rr    # every relation's anchor, shipped in weights/anchors/
 
 `exact` scores every candidate entity (the split's, as --predict does) of each query with the shipped adapter and
 keeps the top TOP (indices into kg.split_entities, scores) per query in results/shortlist/DATA-exact/qNNNN.npz,
@@ -258,6 +259,24 @@ def variants(args):
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
 
 
+def anchors(args):
+    """The anchor of every relation and side (its most asked entity) for the shipped adapter: built into the cache
+    where missing, then copied into predict.SHIPPED, which --predict reads where its cache has none."""
+    scorer, kg, ckpt, _ = load(args.data)
+    short = predict.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(ckpt), loaded_base_sha(ckpt))
+    for r in range(len(kg.relations)):
+        for side in (0, 1):
+            short.anchor(r, side, -1)  # -1: no query entity to avoid
+            for what, seconds in short.built:
+                print(f"built {what} in {seconds:.0f} s", flush=True)
+            short.built.clear()
+    target = predict.SHIPPED / short.folder.name
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(short.folder.glob(f"anchor-{short.key}-{scorer.max_seq_length}-{len(short.cand)}-*.npy")):
+        files.write_atomic(target / path.name, lambda f: f.write(path.read_bytes()))
+    print(f"{len(list(target.iterdir()))} anchors in {files.project_path(target)}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -283,8 +302,11 @@ def main(argv=None):
     va = sub.add_parser("variants", help="other shortlist designs, simulated on the pools")
     va.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
     va.add_argument("--sizes", type=lambda x: [int(k) for k in x.split(",")], default=[1000, 1500, 2000])
+    an = sub.add_parser("anchors", help="every relation's anchor for the shipped adapter, into weights/anchors/")
+    an.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr"])
     args = ap.parse_args(argv)
-    steps = dict(exact=exact, measure=measure, table=table, latency=latency, pool=pool, variants=variants)
+    steps = dict(exact=exact, measure=measure, table=table, latency=latency, pool=pool, variants=variants,
+                 anchors=anchors)
     steps[args.step](args)
 
 

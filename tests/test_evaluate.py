@@ -515,6 +515,29 @@ def test_the_shortlist_stops_once_its_best_settle(tmp_path, monkeypatch):
         assert s.tolist() == (E - some).tolist()
 
 
+def test_an_anchor_shipped_beside_the_adapters_is_read_not_built(tmp_path, monkeypatch):
+    """Where the cache has no anchor, the one shipped in weights/anchors/ (bench/shortlist.py anchors) is read: a
+    relation's first query costs no exact pass. None shipped, or a damaged one: built once, cached, and the same."""
+    monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(predict, "SHIPPED", tmp_path / "shipped")
+    E = 50
+    kg = SimpleNamespace(name="toy", fingerprint="0", text="name", train=np.array([[3, 0, 1], [3, 0, 2]]),
+                         entities=[f"e{i}" for i in range(E)], relations=["r0"])
+    scored = []
+
+    def numpy(triples):  # the lower the id, the better
+        scored.append(len(triples))
+        return (E - triples[:, 2]).astype(np.float32)
+    short = predict.Shortlist(kg, SimpleNamespace(max_seq_length=12, numpy=numpy), np.arange(E), "key", "base")
+    shipped = tmp_path / "shipped" / "toy-0-name" / "anchor-key-12-50-r0-s1-e3.npy"  # (e3, r0, ?): e3 is asked
+    shipped.parent.mkdir(parents=True)
+    np.save(shipped, np.array([7, 5, 6]))
+    assert short.anchor(0, 1, 0).tolist() == [7, 5, 6] and scored == [] and short.built == []
+    shipped.write_bytes(b"damaged")
+    assert short.anchor(0, 1, 0).tolist() == list(range(E)) and scored == [E] and len(short.built) == 1
+    assert short.anchor(0, 1, 0).tolist() == list(range(E)) and scored == [E]  # now from the cache
+
+
 def test_a_stopped_file_of_queries_resumes_where_it_stopped(trained, lp_root, tmp_path, capsys, monkeypatch):
     """--queries with --out writes each finished query to OUT.partial; run again, it asks only the rest and writes the
     TSV an unstopped run writes. A .partial of other settings is refused in one line."""
