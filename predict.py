@@ -11,7 +11,8 @@ mostly from near e. e's train answers come first where they are few (at most a q
 early once the best 15 stayed the same for PATIENCE rounds (after at least MIN_SHARE of the list): most queries
 settle within about half of it, and the list's size is what the hard ones may take.
 Anchor scores and embeddings are computed once and cached on disk ($PALT_CACHE, else ~/.cache/palt), keyed by the
-checkpoint, the base weights and the data; the shipped WN18RR adapter's anchors ship in weights/anchors/. --lp and --tc never use it: their metrics score every candidate.
+checkpoint, the base weights and the data; the shipped WN18RR adapter's anchors ship in weights/anchors/. --lp and
+--tc never use it: their metrics score every candidate.
 """
 import difflib, os, sys, time
 from pathlib import Path

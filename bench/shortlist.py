@@ -273,7 +273,7 @@ def anchors(args):
     target = predict.SHIPPED / short.folder.name
     target.mkdir(parents=True, exist_ok=True)
     for path in sorted(short.folder.glob(f"anchor-{short.key}-{scorer.max_seq_length}-{len(short.cand)}-*.npy")):
-        files.write_atomic(target / path.name, lambda f: f.write(path.read_bytes()))
+        files.write_atomic(target / path.name, lambda f, p=path: f.write(p.read_bytes()))
     print(f"{len(list(target.iterdir()))} anchors in {files.project_path(target)}")
 
 
