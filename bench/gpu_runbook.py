@@ -199,7 +199,8 @@ def main():
                     "--smoke 1200: three compiles on a CPU)")
     ap.add_argument("--triples", type=int, default=65536, help="throughput: candidate triples scored per row")
     ap.add_argument("--rank-limit", type=int, default=500, help="rank: seeded test triples per graph")
-    ap.add_argument("--work", default="/tmp/lease", help="train: where the runs train (not in --out: 8 files return)")
+    ap.add_argument("--work", help="train: where the runs train (not in --out: 8 files return); default /tmp/lease, "
+                    "--smoke: a fresh folder (an old smoke's run would be resumed, or refused if its recipe changed)")
     ap.add_argument("--smoke", action="store_true", help="every step tiny, on CPU: umls, 256 triples, 2 ranked")
     args = ap.parse_args()
     steps = args.steps.split(",")
@@ -207,6 +208,7 @@ def main():
     if not set(steps) <= set(STEPS) or args.budget <= 0 or args.triples < 1 or args.rank_limit < 1:
         ap.error(f"--steps takes {', '.join(STEPS)}; --budget, --triples, --rank-limit must be positive")
     args.graphs = ["umls"] if args.smoke else ["wn18rr", "fb15k-237"]
+    args.work = args.work or (tempfile.mkdtemp(prefix="lease-smoke-") if args.smoke else "/tmp/lease")
     if args.smoke:
         args.triples, args.rank_limit = min(args.triples, 256), min(args.rank_limit, 2)
     Path(args.out).mkdir(parents=True, exist_ok=True)
