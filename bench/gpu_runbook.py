@@ -76,7 +76,7 @@ def speed(args, left):
     out = []
     for cmd in cmds:
         code, tail = run_for(cmd, min(150, left() - 30))  # each at most 150 s: a lease's training comes next
-        out.append({"command": " ".join(cmd[1:]), "returncode": code, "tail": tail})
+        out.append({"command": " ".join(cmd[1:]), "returncode": code, "output": tail})  # whole: the tables
         print(tail, flush=True)
         if code is None:
             break
@@ -124,7 +124,7 @@ def throughput(args, device, left):
 
 def run_for(cmd, seconds):
     """Runs cmd for at most `seconds`, then SIGINT (train.py saves the step it is on; evaluate.py its last minute's
-    ranks) and a minute to exit. (returncode or None if stopped, output tail)."""
+    ranks) and a minute to exit. (returncode or None if stopped, the whole output: the caller keeps what it needs)."""
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, code = p.communicate(timeout=max(1, seconds))[0], p.returncode
@@ -135,7 +135,7 @@ def run_for(cmd, seconds):
         except subprocess.TimeoutExpired:
             p.kill()
             out, code = p.communicate()[0], None
-    return code, out[-2000:]
+    return code, out
 
 
 def train_runs(args, left):
@@ -163,7 +163,8 @@ def train_runs(args, left):
             cmd = [sys.executable, "evaluate.py", "--lp", "--data", name, "--data-dir", args.data_dir, "--ckpt",
                    str(work), "--limit", str(args.rank_limit), *["--compile"] * (not args.smoke),
                    "--out", str(work / "rank.json")]
-            row["rank"] = dict(zip(("returncode", "tail"), run_for(cmd, left() - 45)))
+            code, tail = run_for(cmd, left() - 45)
+            row["rank"] = {"returncode": code, "tail": tail[-1500:]}
         if work.is_dir():  # stopped before its first save, a run leaves nothing to bring back
             with tarfile.open(Path(args.out) / f"train-{name}.tar", "w") as tar:
                 # not ckpt.safetensors: state.safetensors holds the same weights (and resumes), 2.3 MB less in git

@@ -20,7 +20,7 @@ def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     assert "--device cpu" in pytest_run["command"] and ddp_train["returncode"] == ddp_rank["returncode"] == 0
     bench_train, bench_eval = report["speed"]  # the step's recipe rows (with a profile), the loop against the scorer
     assert bench_train["returncode"] == bench_eval["returncode"] == 0, report["speed"]
-    assert "Self CPU time total" in bench_train["tail"] and "the ranking loop's share of the scorer" in bench_eval["tail"]
+    assert "Self CPU time total" in bench_train["output"] and "the ranking loop's share of the scorer" in bench_eval["output"]
     [train] = report["train"]  # the lease's run: --recipe gpu (compiled), stopped by its step limit, then ranked
     assert train["returncode"] == 0 and train["finished"] and train["rank"]["returncode"] == 0, train
     assert "umls-gpu/state.safetensors" in tarfile.open(tmp_path / "out" / "train-umls.tar").getnames()
