@@ -145,15 +145,15 @@ def train_runs(args, left):
     out = []  # one graph after the other: WN18RR's run ends (and ships) leases sooner than two halves would
     deadline = time.time() + left() - (60 if args.smoke else 120)  # the rest: the tars and the rank step
     for name in args.graphs:
+        t = time.time()
+        if deadline - t < 60:  # too little to load, compile and take a step
+            out.append({"data": name, "skipped": "no time left in the call's budget"})
+            continue
         committed, work = ROOT / "results" / "lease" / f"{name}-gpu", Path(args.work) / f"{name}-gpu"
         if committed.is_dir() and not work.exists():
             shutil.copytree(committed, work)
         cmd = [sys.executable, "train.py", "--data", name, "--data-dir", args.data_dir, "--recipe", "gpu",
                "--out", str(work), "--resume"] + (["--max-steps", "3", "--dev-limit", "5"] if args.smoke else [])
-        t = time.time()
-        if deadline - t < 60:  # too little to load, compile and take a step
-            out.append({"data": name, "skipped": "no time left in the call's budget"})
-            continue
         code, tail = run_for(cmd, min(deadline - t, left() - 60))
         if code not in (0, None) and "Traceback" in tail:  # the compiled step failed on this machine: eager, resumed
             cmd.append("--no-compile")
