@@ -15,9 +15,10 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
               --recipe cpu and gpu on WN18RR (bench/bench_train.py --recipes): the issue-41 training figure
   train       the lease: `train.py --data NAME --recipe gpu --resume` (10 epochs, PRESETS) for WN18RR, then
               FB15k-237, each continuing the state committed in results/lease/NAME-gpu/ (none: from scratch), one
-              after the other until the budget is spent, stopped with SIGINT (train.py saves the step it is on); a run that has finished
-              its 10 epochs is ranked (--limit --rank-limit, --compile, continuing its committed ranks). Each run
-              folder comes back as --out/train-NAME.tar: untar it over results/lease/NAME-gpu/ and commit it
+              after the other until the budget is spent, stopped with SIGINT (train.py saves the step it is on); a
+              run that has finished its 10 epochs is ranked (--limit --rank-limit, --compile, continuing its
+              committed ranks). Each run folder comes back as --out/train-NAME.tar: untar it over
+              results/lease/NAME-gpu/ and commit it
   rank        the shipped adapters (weights/palt-NAME-minilm.safetensors) to --rank-limit seeded test triples with
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py
 
@@ -155,7 +156,7 @@ def train_runs(args, left):
         cmd = [sys.executable, "train.py", "--data", name, "--data-dir", args.data_dir, "--recipe", "gpu",
                "--out", str(work), "--resume"] + (["--max-steps", "3", "--dev-limit", "5"] if args.smoke else [])
         code, tail = run_for(cmd, min(deadline - t, left() - 60))
-        if code not in (0, None) and "Traceback" in tail:  # the compiled step failed on this machine: eager, resumed
+        if code not in (0, None) and "Traceback" in tail[-2000:]:  # the compiled step died here: eager, resumed
             cmd.append("--no-compile")
             code, tail = run_for(cmd, min(deadline - time.time(), left() - 60))
         row = {"data": name, "command": " ".join(cmd[1:]), "returncode": code, "wall_s": round(time.time() - t, 1),

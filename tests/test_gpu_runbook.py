@@ -1,5 +1,5 @@
-"""bench/gpu_runbook.py: how a lease's training shares its budget, and --smoke: every step of the run book, tiny, on CPU,
-with the flags a lease runs (issues 19, 41)."""
+"""bench/gpu_runbook.py: how a lease's training shares its budget, and --smoke: every step of the run book, tiny, on
+CPU, with the flags a lease runs (issues 19, 41)."""
 import argparse, json, os, subprocess, sys, tarfile
 from pathlib import Path
 import pytest
@@ -34,29 +34,26 @@ def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     assert result["counts"]["ranked_triples"] == 2 and result["ckpt"] == "weights/palt-umls-minilm.safetensors"
 
 
-def runbook():
+def runbook(tmp_path, monkeypatch, run_for):
+    """The run book with no committed runs (ROOT is tmp_path) and run_for faked; a lease's train-step arguments."""
     sys.path.insert(0, str(ROOT / "bench"))
     import gpu_runbook
-    return gpu_runbook
+    monkeypatch.setattr(gpu_runbook, "ROOT", tmp_path)
+    monkeypatch.setattr(gpu_runbook, "run_for", run_for)
+    return gpu_runbook, argparse.Namespace(graphs=["wn18rr", "fb15k-237"], work=str(tmp_path / "work"),
+                                           out=str(tmp_path), data_dir="d", smoke=False, rank_limit=5)
 
 
 def test_a_lease_trains_the_graphs_in_turn_the_first_with_the_whole_training_budget(tmp_path, monkeypatch):
-    rb, asked = runbook(), []
-    monkeypatch.setattr(rb, "ROOT", tmp_path)  # no committed run to copy; run_for below starts nothing
-    monkeypatch.setattr(rb, "run_for", lambda cmd, seconds: asked.append((cmd[3], seconds)) or (None, "stopped"))
-    args = argparse.Namespace(graphs=["wn18rr", "fb15k-237"], work=str(tmp_path / "work"), out=str(tmp_path),
-                              data_dir="d", smoke=False, rank_limit=5)
+    asked = []  # (graph, seconds given); each fake run returns at once, as if stopped
+    rb, args = runbook(tmp_path, monkeypatch, lambda cmd, seconds: asked.append((cmd[3], seconds)) or (None, "stopped"))
     rows = rb.train_runs(args, lambda: 600.0)  # 600 s left: 120 kept for the tars and the rank step
     assert [name for name, _ in asked] == ["wn18rr", "fb15k-237"] and 479 < asked[0][1] <= 480, asked
     assert [r["returncode"] for r in rows] == [None, None] and not any(r["finished"] for r in rows)
 
 
 def test_a_lease_without_a_minute_to_train_skips_each_graph_and_starts_nothing(tmp_path, monkeypatch):
-    rb = runbook()
-    monkeypatch.setattr(rb, "ROOT", tmp_path)
-    monkeypatch.setattr(rb, "run_for", lambda *a: pytest.fail("started a run without the time for it"))
-    args = argparse.Namespace(graphs=["wn18rr", "fb15k-237"], work=str(tmp_path / "work"), out=str(tmp_path),
-                              data_dir="d", smoke=False, rank_limit=5)
+    rb, args = runbook(tmp_path, monkeypatch, lambda *a: pytest.fail("started a run without the time for it"))
     rows = rb.train_runs(args, lambda: 170.0)  # 50 s after the 120 kept
     assert [r.get("skipped") for r in rows] == ["no time left in the call's budget"] * 2
     assert not (tmp_path / "work").exists() and not list(tmp_path.glob("*.tar"))
