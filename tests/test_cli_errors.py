@@ -439,10 +439,13 @@ def test_a_kill_between_the_epoch_end_writes_resumes_from_the_state_to_the_unint
         {k: v for k, v in meta(world.root / "run" / "state.safetensors").items() if k not in ("train_wall_s", "run")}
 
 
-def test_a_finished_run_resumed_again_trains_nothing_and_changes_no_checkpoint(world, tmp_path):
+@pytest.mark.parametrize("ckpt", ["kept", "absent"])  # absent: a lease brings a run back without it (the run book)
+def test_a_finished_run_resumed_again_trains_nothing_and_changes_no_checkpoint(world, tmp_path, ckpt):
     shutil.copytree(world.root / "run", tmp_path / "run")
-    keep = {n: (tmp_path / "run" / n).read_bytes() for n in ("best.safetensors", "ckpt.safetensors", "state.safetensors")}
+    if ckpt == "absent":
+        (tmp_path / "run" / "ckpt.safetensors").unlink()
+    keep = {f.name: f.read_bytes() for f in (tmp_path / "run").glob("*.safetensors")}
     r = cli([a.format(**world.paths) for a in train("--resume", out=str(tmp_path / "run"))])
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert f"trained {2 * STEPS_PER_EPOCH} steps" in r.stdout and "epoch 2, step 20" in r.stdout
-    assert {n: (tmp_path / "run" / n).read_bytes() for n in keep} == keep
+    assert {f.name: f.read_bytes() for f in (tmp_path / "run").glob("*.safetensors")} == keep
