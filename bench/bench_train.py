@@ -16,7 +16,7 @@ beside it), best of --repeat rounds of --steps steps each:
     python bench/bench_train.py --padding --data umls,wn11,fb13     # padded/real tokens of an epoch, no timing
     python bench/bench_train.py --recipes cpu,gpu --data wn18rr      # train.py's step by recipe (a GPU's figure)
 """
-import argparse, os, sys, time
+import argparse, contextlib, os, sys, time, warnings
 from pathlib import Path
 import numpy as np
 import torch
@@ -201,6 +201,40 @@ def recipe_speed(name, recipes, args, device):
     return rows
 
 
+def attention_speed(lengths, device):
+    """One layer's F.scaled_dot_product_attention, forward and backward, at a gpu-recipe WN18RR step's shapes (160
+    sequences, 12 heads of 32, a key-padding mask, training's dropout 0.1) under each SDPA backend that takes them:
+    which kernel a step should use. FLASH takes no mask: its row is the floor a packed (mask-free) attention nears."""
+    import bench_eval
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dtype = torch.bfloat16 if bert.resolve_dtype("auto", device) == "bf16" else torch.float32
+    B, n_head, d, n = 160, 12, 32, 20 if device.type == "cuda" else 2
+    backends = [("default", None), ("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                ("math", SDPBackend.MATH), ("flash, no mask", SDPBackend.FLASH_ATTENTION)]
+    print(f"\nattention: one layer's forward + backward, {B} sequences x {n_head} heads x {d}, {dtype}, dropout 0.1; "
+          f"microseconds (x6 layers a step; '-': the backend refuses these inputs)")
+    print(f"{'padded length':>13} " + " ".join(f"{name:>14}" for name, _ in backends))
+    g = torch.Generator().manual_seed(0)
+    for L in lengths:
+        real = torch.randint(L // 2, L + 1, (B,), generator=g)
+        real[0] = L  # the longest row sets the padded length
+        mask = (torch.arange(L)[None, :] < real[:, None])[:, None, None, :].to(device)  # (B, 1, 1, L): keys
+        q, k, v = (torch.randn(B, n_head, L, d, generator=g).to(device, dtype).requires_grad_() for _ in range(3))
+        cells = []
+        warnings.simplefilter("ignore")  # each refusing backend warns why, then raises: its '-' says it
+        for name, backend in backends:
+            m = None if name.endswith("no mask") else mask
+            step = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=0.1).sum().backward()
+            try:
+                with sdpa_kernel(backend) if backend else contextlib.nullcontext():
+                    step()  # the warm-up; a backend that cannot take these inputs raises here
+                    t = min(bench_eval.timed(lambda: [step() for _ in range(n)], device) for _ in range(3)) / n
+                cells.append(f"{t * 1e6:14,.0f}")
+            except RuntimeError:
+                cells.append(f"{'-':>14}")
+        print(f"{L:13} " + " ".join(cells), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="umls,wn11", help="comma-separated datasets")
@@ -212,6 +246,8 @@ def main():
     ap.add_argument("--no-split", action="store_true", help="skip d and e (the dtype and order effects alone)")
     ap.add_argument("--recipes", help="time train.py's step under these recipes instead (e.g. cpu,gpu: their batch, "
                     "negatives, prompts and compile; on a GPU the issue-41 figure), on --data (default wn18rr)")
+    ap.add_argument("--attention", type=lambda s: [int(x) for x in s.split(",")], help="--recipes: also time one "
+                    "layer's attention under each SDPA backend at these padded lengths, e.g. 48,64,96")
     ap.add_argument("--profile", action="store_true", help="--recipes: also a torch.profiler table of each recipe's steps")
     ap.add_argument("--padding", action="store_true", help="only the padding of one epoch, shuffled vs bucketed "
                     "(no timing; fast, so fb13 too: --data umls,wn11,fb13)")
@@ -225,6 +261,8 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = True  # as train.py (palt.init_distributed) sets it
         for name in (args.data if args.data != ap.get_default("data") else "wn18rr").split(","):
             recipe_speed(name, args.recipes.split(","), args, device)
+        if args.attention:
+            attention_speed(args.attention, device)
         return
     if not hasattr(train, "epoch_order"):
         raise SystemExit("error: train.epoch_order is missing (the length-bucketed order): update train.py")

@@ -8,8 +8,9 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
               cuda), then one torchrun --nproc_per_node 1 training and ranking (NCCL): pass/fail and the summary
   speed       in at most 5 minutes: train.py's gpu-recipe step on WN18RR compiled and as CUDA graphs (bench/
               bench_train.py --recipes gpu,gpu:cudagraphs: the figure issue 41 still lacks; stop 48 profiled the
-              compiled step), and the ranking loop beside the scorer alone on WN18RR queries (bench/bench_eval.py
-              --ours-only): the printed tables, whole, in runbook.json
+              compiled step: attention took 37% of its GPU time, so --attention times each SDPA backend), and the
+              ranking loop beside the scorer alone on WN18RR queries (bench/bench_eval.py --ours-only): the printed
+              tables, whole, in runbook.json
   throughput  triples/s of evaluate.Scorer in fp32, bf16 and bf16 compiled for MiniLM and a BERT-base-shaped random
               model on WN18RR and FB15k-237 candidates, with the share of the matmul peak; then train.py's step under
               --recipe cpu and gpu on WN18RR (bench/bench_train.py --recipes): the issue-41 training figure
@@ -72,7 +73,7 @@ def speed(args, left):
     graph = "umls" if args.smoke else "wn18rr"
     cmds = [[sys.executable, "bench/bench_train.py", "--data", graph, "--data-dir", args.data_dir, "--recipes",
              "cpu" if args.smoke else "gpu,gpu:cudagraphs", "--steps", "2" if args.smoke else "16",
-             "--repeat", "2"],
+             "--repeat", "2", "--attention", "32" if args.smoke else "32,48,64,96"],
             [sys.executable, "bench/bench_eval.py", "--ours-only", "--data", graph, "--data-dir", args.data_dir,
              "--queries", "2" if args.smoke else "8", "--repeat", "2"]]
     out = []

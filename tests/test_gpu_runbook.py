@@ -22,6 +22,8 @@ def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     bench_train, bench_eval = report["speed"]  # the step's recipe rows, the loop against the scorer: whole outputs
     assert bench_train["returncode"] == bench_eval["returncode"] == 0, report["speed"]
     assert "\ncpu " in bench_train["output"] and "the ranking loop's share of the scorer" in bench_eval["output"]
+    attention = bench_train["output"].split("attention: one layer's forward + backward")[1].splitlines()
+    assert attention[2].split()[0] == "32" and attention[2].split()[4] != "-", attention  # the math kernel: timed
     [train] = report["train"]  # the lease's run: --recipe gpu (compiled), stopped by its step limit, then ranked
     assert train["returncode"] == 0 and train["finished"] and train["rank"]["returncode"] == 0, train
     assert "umls-gpu/state.safetensors" in tarfile.open(tmp_path / "out" / "train-umls.tar").getnames()
