@@ -107,6 +107,7 @@ def test_a_recipe_fills_only_what_the_command_line_leaves_open():
     assert train.parse_args(["--data", "umls", "--recipe", "gpu", "--no-compile"]).compile is False
     lease = train.parse_args(["--data", "wn18rr", "--recipe", "gpu"])
     assert (lease.epochs, lease.hard_negatives) == (10, 0.5)  # a lease trains the paper's epochs, the sweep's choice
+    assert lease.dev_every == 2500 and "dev_every" in train.RESUME_MAY_CHANGE  # the committed runs resume with it
     assert train.parse_args(["--data", "wn18rr", "--recipe", "gpu", "--hard-negatives", "0"]).hard_negatives == 0
     assert cpu.hard_negatives == 0.0  # a recipe without them: none
     paper = train.parse_args(["--data", "wn18rr"])
