@@ -18,7 +18,7 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
               FB15k-237, each continuing the state committed in results/lease/NAME-gpu/ (none: from scratch), one
               after the other until the budget is spent, stopped with SIGINT (train.py saves the step it is on); a
               run that has finished its 10 epochs is ranked (--limit --rank-limit, --compile, continuing its
-              committed ranks). Each run folder comes back as --out/train-NAME.tar: untar it over
+              committed ranks), and once ranked it is skipped. Each run folder comes back as --out/train-NAME.tar: untar it over
               results/lease/NAME-gpu/ and commit it
   rank        the shipped adapters (weights/palt-NAME-minilm.safetensors) to --rank-limit seeded test triples with
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py
@@ -154,6 +154,10 @@ def train_runs(args, left):
         committed, work = ROOT / "results" / "lease" / f"{name}-gpu", Path(args.work) / f"{name}-gpu"
         if committed.is_dir() and not work.exists():
             shutil.copytree(committed, work)
+        ranked = work / "rank.json"  # written once every asked rank is in: this run is done, the time goes on
+        if ranked.is_file() and json.loads(ranked.read_text())["counts"]["ranked_triples"] >= args.rank_limit:
+            out.append({"data": name, "skipped": f"trained and {args.rank_limit} test triples ranked ({ranked})"})
+            continue
         cmd = [sys.executable, "train.py", "--data", name, "--data-dir", args.data_dir, "--recipe", "gpu",
                "--out", str(work), "--resume"] + (["--max-steps", "3", "--dev-limit", "5"] if args.smoke else [])
         code, tail = run_for(cmd, min(deadline - t, left() - 60))

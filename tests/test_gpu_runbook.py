@@ -59,3 +59,13 @@ def test_a_lease_without_a_minute_to_train_skips_each_graph_and_starts_nothing(t
     rows = rb.train_runs(args, lambda: 170.0)  # 50 s after the 120 kept
     assert [r.get("skipped") for r in rows] == ["no time left in the call's budget"] * 2
     assert not (tmp_path / "work").exists() and not list(tmp_path.glob("*.tar"))
+
+
+def test_a_run_trained_and_ranked_in_an_earlier_call_gives_its_time_to_the_next(tmp_path, monkeypatch):
+    asked = []
+    rb, args = runbook(tmp_path, monkeypatch, lambda cmd, seconds: asked.append((cmd[3], seconds)) or (None, "stopped"))
+    (tmp_path / "work" / "wn18rr-gpu").mkdir(parents=True)
+    (tmp_path / "work" / "wn18rr-gpu" / "rank.json").write_text(json.dumps({"counts": {"ranked_triples": 5}}))
+    rows = rb.train_runs(args, lambda: 600.0)
+    assert [name for name, _ in asked] == ["fb15k-237"] and 479 < asked[0][1] <= 480, asked
+    assert rows[0]["skipped"].startswith("trained and 5 test triples ranked") and rows[1]["returncode"] is None
