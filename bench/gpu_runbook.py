@@ -14,11 +14,11 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
   throughput  triples/s of evaluate.Scorer in fp32, bf16 and bf16 compiled for MiniLM and a BERT-base-shaped random
               model on WN18RR and FB15k-237 candidates, with the share of the matmul peak; then train.py's step under
               --recipe cpu and gpu on WN18RR (bench/bench_train.py --recipes): the issue-41 training figure
-  train       the lease: `train.py --data NAME --recipe gpu --resume` (10 epochs, PRESETS) for WN18RR, then
-              FB15k-237, each continuing the state committed in results/lease/NAME-gpu/ (none: from scratch), one
-              after the other until the budget is spent, stopped with SIGINT (train.py saves the step it is on); a
-              run that has finished its 10 epochs is ranked (--limit --rank-limit, --compile, continuing its
-              committed ranks), and once ranked it is skipped. Each run folder comes back as --out/train-NAME.tar: untar it over
+  train       the lease: `train.py --data NAME --recipe gpu --resume` (10 epochs, PRESETS) for WN18RR, then FB15k-237,
+              each continuing the state committed in results/lease/NAME-gpu/ (none: from scratch), one after the other
+              until the budget is spent, stopped with SIGINT (train.py saves the step it is on); a run that has
+              finished its 10 epochs is ranked (--limit --rank-limit, --compile, continuing its committed ranks), and
+              once ranked it is skipped. Each run folder comes back as --out/train-NAME.tar: untar it over
               results/lease/NAME-gpu/ and commit it
   rank        the shipped adapters (weights/palt-NAME-minilm.safetensors) to --rank-limit seeded test triples with
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py
