@@ -215,13 +215,13 @@ def attention_speed(lengths, device):
           f"microseconds (x6 layers a step; '-': the backend refuses these inputs)")
     print(f"{'padded length':>13} " + " ".join(f"{name:>14}" for name, _ in backends))
     g = torch.Generator().manual_seed(0)
+    warnings.simplefilter("ignore")  # a backend that refuses warns why, then raises: its '-' says it (the bench's end)
     for L in lengths:
         real = torch.randint(L // 2, L + 1, (B,), generator=g)
         real[0] = L  # the longest row sets the padded length
         mask = (torch.arange(L)[None, :] < real[:, None])[:, None, None, :].to(device)  # (B, 1, 1, L): keys
         q, k, v = (torch.randn(B, n_head, L, d, generator=g).to(device, dtype).requires_grad_() for _ in range(3))
         cells = []
-        warnings.simplefilter("ignore")  # each refusing backend warns why, then raises: its '-' says it
         for name, backend in backends:
             m = None if name.endswith("no mask") else mask
             step = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=0.1).sum().backward()
