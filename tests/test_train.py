@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import palt, train
+import data, palt, train
 from bert import load_bert
 from conftest import make_bert_dir, write_tiny_kg
 
@@ -37,13 +37,33 @@ def test_training_lowers_loss_and_leaves_bert_untouched(setup, tmp_path, capsys,
     first, last = losses(tmp_path)[0], losses(tmp_path)[-1]
     assert last < first - 0.05, (first, last)
     fresh = load_bert(setup[1]).model.state_dict()
-    for name, t in model.bert.state_dict().items():
-        assert torch.equal(t, fresh[name]), name  # bit-identical: frozen means frozen
+    for name, t in model.bert.state_dict().items():  # bf16: the frozen linears are held in bf16 (the next test)
+        assert torch.equal(t, fresh[name].to(t.dtype)), name  # bit-identical: frozen means frozen
     ckpt = load_file(tmp_path / "ckpt.safetensors")
     assert set(ckpt) == {n for n, p in model.named_parameters() if p.requires_grad}
     assert not any(n.startswith("bert.") for n in ckpt)
     assert "dev after epoch 6: mrr" in capsys.readouterr().out
     assert f"{dtype} eta" in (tmp_path / "log.txt").read_text()
+
+
+def test_bf16_holds_the_frozen_linears_in_bf16_and_takes_bit_identical_steps(setup, tmp_path):
+    """autocast recasts a frozen weight at every call; train.build casts the frozen linear layers once instead."""
+    run, cpu = train.parse_args(args(setup, tmp_path)), torch.device("cpu")
+    cast, plain = (train.build(run, dtype, cpu) for dtype in ("bf16", "fp32"))  # fp32: the weights as loaded
+    for (model, *_), dtype in ((cast, torch.bfloat16), (plain, torch.float32)):
+        assert {p.dtype for n, p in model.named_parameters() if ".layers." in n and "ln" not in n} == {dtype}
+        assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}  # what trains stays fp32
+    kg, enc = plain[1], plain[2]
+    batch = data.build_batch(enc, kg.train[:12], run.prompts, run.max_seq_length)  # 6 positives, 6 "negatives"
+    losses = []
+    for model, _, _, _, params, opt in (cast, plain):
+        model.train()
+        for step in range(3):
+            torch.manual_seed(step)  # the same dropout masks
+            losses.append(train.train_step(model, opt, params, batch, 6, 1e-3, 1.0, "bf16", cpu).item())
+    assert losses[:3] == losses[3:] and len(set(losses)) > 1, losses  # the same steps, and they train
+    for name, p in cast[4].items():
+        assert torch.equal(p, plain[4][name]), name
 
 
 def test_finetune_trains_every_parameter_and_tc_reports_dev_accuracy(setup, tmp_path, capsys):
