@@ -1,15 +1,20 @@
 """Paired comparison of two link-prediction rankings of the same (test or dev) triples: B - A per side, bootstrapped.
 
     python bench/paired.py results/wn18rr-noself-lp.state results/palt-wn18rr-minilm.state
+    python bench/paired.py results/wn18rr-1ep-lp.state results/palt-wn18rr-minilm.state --by-relation   # + per relation
 
 Each argument is an evaluate.py ranking state folder (settings.json, rank*.npz: rows of test triple, side, filtered
 optimistic/pessimistic, raw optimistic/pessimistic). Only the triples ranked on both sides by both are compared; the
 bootstrap resamples those triples jointly (one index draw serves A and B and both sides), so the interval is that of
 the paired difference, far narrower than two independent intervals when the rankings agree on which triples are hard.
+--by-relation adds one row per relation of the compared triples (both sides; the graph read from $PALT_DATA).
 """
-import argparse, json
+import argparse, json, os, sys
 from pathlib import Path
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import data  # noqa: E402
 
 METRICS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
 
@@ -55,6 +60,9 @@ def main():
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--resamples", type=int, default=10000)
+    ap.add_argument("--by-relation", action="store_true", help="also MRR and Hits@10 per relation (both sides)")
+    ap.add_argument("--data-dir", default=os.environ.get("PALT_DATA"), help="with --by-relation (default $PALT_DATA, "
+                    "else ../shared/data)")
     args = ap.parse_args()
     (a, sa), (b, sb) = ranks(args.a), ranks(args.b)
     # the fingerprint covers the text files too: other entity texts (names vs descriptions) rank the same triples
@@ -72,6 +80,18 @@ def main():
         for m, (va, vb, d, (lo, hi)) in res[side].items():
             f = ".1f" if m == "mr" else ".3f"
             print(f"| {side} | {m} | {va:{f}} | {vb:{f}} | {d:+{f}} [{lo:+{f}}, {hi:+{f}}] |")
+    if args.by_relation:
+        kg = data.load_kg(sa["data"], args.data_dir, sa.get("text", "name"))
+        rel = getattr(kg, sa.get("split", "test"))[:, 1]  # the relation of each ranked triple, by its place in the split
+        print("\n| relation | triples | MRR A | MRR B | B - A [95%] | Hits@10 A | Hits@10 B | B - A [95%] |\n|---|---|---|---|---|---|---|---|")
+        for r in np.unique([rel[t] for t, _ in a]):
+            ar, br = ({k: v for k, v in d.items() if rel[k[0]] == r} for d in (a, b))
+            if not {t for t, _ in ar} & {t for t, _ in br}:
+                continue
+            res = paired(ar, br, args.resamples)
+            (ma, mb, md, (ml, mh)), (ha, hb, hd, (hl, hh)) = res["both"]["mrr"], res["both"]["hits@10"]
+            print(f"| {kg.relations[r]} | {res['triples']} | {ma:.3f} | {mb:.3f} | {md:+.3f} [{ml:+.3f}, {mh:+.3f}] "
+                  f"| {ha:.3f} | {hb:.3f} | {hd:+.3f} [{hl:+.3f}, {hh:+.3f}] |")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """bench/paired.py: the paired difference of two rankings of the same triples, per side, with its bootstrap."""
-import json, subprocess, sys
+import json, os, subprocess, sys
 from pathlib import Path
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import paired  # noqa: E402
+import data, paired  # noqa: E402
 
 
 def state(folder, ranks, **settings):
@@ -47,3 +48,25 @@ def test_other_entity_texts_rank_the_same_triples(tmp_path):
     assert r.returncode == 0 and "entity texts differ (name vs description)" in r.stdout and "| tail | mrr | 0.500 | 1.000 |" in r.stdout
     r = run(a, c)  # the same text read from other files: other triples, refused
     assert r.returncode == 1 and "differ in data_fingerprint (f1 vs f2)" in r.stderr
+
+
+def test_by_relation_adds_a_row_per_relation_of_the_compared_triples(tmp_path):
+    """--by-relation: each relation of the triples ranked by both, its count, and the same paired MRR as the whole
+    table would give on those triples alone (here: each relation's rows, checked against paired() directly)."""
+    root = os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data")
+    if not Path(root, "umls").is_dir():
+        pytest.skip("needs the umls data")
+    kg = data.load_kg("umls", root)
+    by_rel = {}
+    for t, r in enumerate(kg.test[:, 1]):  # the first two test triples of two relations
+        if len(by_rel.setdefault(int(r), [])) < 2 and (len(by_rel) <= 2 or int(r) in by_rel):
+            by_rel[int(r)].append(t)
+    (r1, t1), (r2, t2) = [(r, ts) for r, ts in by_rel.items() if len(ts) == 2][:2]
+    a = state(tmp_path / "a", {t1[0]: (1, 2), t1[1]: (4, 1), t2[0]: (2, 2), t2[1]: (1, 1)})
+    b = state(tmp_path / "b", {t1[0]: (1, 1), t1[1]: (1, 1), t2[0]: (2, 2), t2[1]: (3, 3)})
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "paired.py"), str(a), str(b), "--by-relation",
+                          "--data-dir", root], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split(" | ")[0][2:]: line for line in out.stdout.splitlines() if line.startswith("| ")}
+    assert rows[kg.relations[r1]].startswith(f"| {kg.relations[r1]} | 2 | 0.688 | 1.000 | +0.312")  # (1+.5+.25+1)/4
+    assert rows[kg.relations[r2]].startswith(f"| {kg.relations[r2]} | 2 | 0.750 | 0.417 | -0.333")  # (.5+.5+1+1)/4
