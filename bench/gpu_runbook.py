@@ -183,8 +183,9 @@ def rank(args, left):
             out.append({"data": name, "skipped": f"no shipped adapter {adapter.relative_to(ROOT)} yet"})
             continue
         result, committed = Path(args.out) / f"rank-{name}.json", ROOT / "results" / f"palt-{name}-minilm.state"
-        done = committed.with_suffix(".json")  # the committed ranks' JSON (tests/test_shipped_adapters.py: its adapter's)
-        if done.is_file() and json.loads(done.read_text())["counts"]["ranked_triples"] >= args.rank_limit:
+        done = committed.with_suffix(".json")  # a growable ranking's JSON (test_shipped_adapters: of this adapter)
+        ranked = json.loads(done.read_text())["counts"]["ranked_triples"] if committed.is_dir() and done.is_file() else 0
+        if ranked >= args.rank_limit:
             out.append({"data": name, "skipped": f"{args.rank_limit} test triples already ranked ({done.name})"})
             continue
         if committed.is_dir() and not result.with_suffix(".state").exists():

@@ -71,8 +71,9 @@ def test_a_run_trained_and_ranked_in_an_earlier_call_gives_its_time_to_the_next(
 
 
 def test_the_rank_step_skips_an_adapter_whose_committed_ranks_hold_the_asked_triples(tmp_path, monkeypatch):
-    """A shipped adapter whose results JSON already holds --rank-limit triples starts no evaluate.py (its load and
-    compile would cost a lease ~15 s for nothing); one short of them is ranked, from its committed state."""
+    """A shipped adapter whose committed ranks (state and JSON) already hold --rank-limit triples starts no
+    evaluate.py (its load and compile would cost a lease ~15 s for nothing); one short of them is ranked, from its
+    committed state. (An adapter without a state, such as UMLS's full ranking, is ranked afresh: the smoke run.)"""
     asked = []
     rb, args = runbook(tmp_path, monkeypatch, lambda cmd, seconds: asked.append(cmd) or (0, "ranked"))
     for name, ranked in (("wn18rr", 5), ("fb15k-237", 4)):
