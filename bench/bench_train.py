@@ -137,18 +137,20 @@ def recipe_speed(name, recipes, args, device):
     """Sequences/s of train.py's own step (train.build, train.train_step) under each recipe's batch, negatives, prompts
     and compile, on --steps steps at the quantiles of padded size, after one untimed pass over them (the compile).
     RECIPE:MODE overrides the compile: eager, compile, or (CUDA only) cudagraphs, torch.compile's reduce-overhead
-    mode, which replays the step's kernels as CUDA graphs (one per padded length) instead of launching each."""
+    mode, which replays the step's kernels as CUDA graphs (one per padded length) instead of launching each;
+    RECIPE[:MODE]@N the batch (N positives a step: a larger batch's speed, before the UMLS gate rules on it)."""
     import bench_eval  # the peak: a GPU's spec, else a measured matmul
     print(f"\n{name}: train.py's step by recipe ('{bert.resolve_dtype('auto', device)}' dtype), best of {args.repeat}")
     print(f"{'recipe':18} {'batch':>5} {'seq/step':>8} {'compiled':>8} {'seq/s':>8} {'real tok/s':>11} "
           f"{'TFLOP/s':>8} {'share of peak':>13}")
     rate, peaks, rows = {}, {}, []
     for recipe in recipes:
-        name_mode = recipe.split(":")
+        spec, _, batch = recipe.partition("@")
+        name_mode = spec.split(":")
         if name_mode[1:] == ["cudagraphs"] and device.type != "cuda":
             continue  # CUDA graphs exist on a GPU only
         run = train.parse_args(["--data", name, "--recipe", name_mode[0], "--out", "/nonexistent", "--data-dir",
-                                args.data_dir or os.environ.get("PALT_DATA", "data")])
+                                args.data_dir or os.environ.get("PALT_DATA", "data")] + ["--batch", batch] * bool(batch))
         mode = name_mode[1] if name_mode[1:] else "compile" if run.compile else "eager"
         dtype = bert.resolve_dtype(run.dtype, device)
         model, kg, enc, _, params, opt = train.build(run, dtype, device)
@@ -193,7 +195,7 @@ def recipe_speed(name, recipes, args, device):
                          share_of_peak=round(flop / t / peak, 4), peak_tflops=round(peak / 1e12, 1)))
         print(f"{recipe:18} {run.batch:5} {run.batch * per:8} {mode:>8} {seqs / t:8,.0f} "
               f"{real / t:11,.0f} {flop / t / 1e12:8.2f} {100 * flop / t / peak:12.1f}% of {peak / 1e12:.1f} "
-              f"TFLOP/s {dtype}")
+              f"TFLOP/s {dtype}", flush=True)  # a row at a time: a run book stopped at its budget keeps the rows done
     if len(rate) > 1:
         first, last = list(rate)[0], list(rate)[-1]
         print(f"{last} / {first}: x{rate[last] / rate[first]:.2f} seq/s (the goal on a GPU, gpu / cpu: >= 5, >= 40k "

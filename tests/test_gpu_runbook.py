@@ -21,6 +21,8 @@ def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     assert "--device cpu" in pytest_run["command"] and ddp_train["returncode"] == ddp_rank["returncode"] == 0
     [bench_train] = report["speed"]  # the step's recipe rows and the attention table: the whole output
     assert bench_train["returncode"] == 0 and "\ncpu " in bench_train["output"], report["speed"]
+    [at_64] = [line.split() for line in bench_train["output"].splitlines() if line.startswith("cpu@64 ")]
+    assert at_64[1:3] == ["64", "256"], at_64  # RECIPE@N: the recipe at batch N (4 sequences a positive)
     attention = bench_train["output"].split("attention: one layer's forward + backward")[1].splitlines()
     assert attention[2].split()[0] == "32" and attention[2].split()[4] != "-", attention  # the math kernel: timed
     [train] = report["train"]  # the lease's run: --recipe gpu (compiled), stopped by its step limit, then ranked
