@@ -15,6 +15,7 @@ beside it), best of --repeat rounds of --steps steps each:
     python bench/bench_train.py --data wn11 --steps 4 --repeat 2
     python bench/bench_train.py --padding --data umls,wn11,fb13     # padded/real tokens of an epoch, no timing
     python bench/bench_train.py --recipes cpu,gpu --data wn18rr      # train.py's step by recipe (a GPU's figure)
+    python bench/bench_train.py --recipes gpu,gpu@128,gpu:cudagraphs --data wn18rr   # ... at batch 128, as CUDA graphs
 """
 import argparse, contextlib, os, sys, time, warnings
 from pathlib import Path
