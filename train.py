@@ -298,24 +298,29 @@ def main(run):
              else f"--resume: no checkpoint in {out} yet, starting from scratch")
     job = Training(run, out, model, forward, opt, params, meta, history, kg, enc, near, device, dtype, log0)
 
+    stopped = False
     for epoch in range(history["epoch"], run.epochs):
         if history["step"] >= total:
             break
         ddp_model.train()
-        if not train_epoch(job, epoch, negatives.negatives(epoch), total, ddp_rank, world_size):
-            return finish(model, ddp_model, ddp)  # stopped by a signal, saved
+        if stopped := not train_epoch(job, epoch, negatives.negatives(epoch), total, ddp_rank, world_size):
+            break  # stopped by a signal, saved
         history["epoch"] = epoch + 1
         if master_process:  # dev after every epoch; then best (if better), last checkpoint, and the resume state
             dev_and_save(job, epoch + 1, ["ckpt", "state"])
         if ddp:
             dist.barrier()  # the other ranks wait for rank 0's dev evaluation and saves
-    if master_process:
+    if master_process and not stopped:
         best = f", best by dev {out}/best.safetensors (epoch {history['best_epoch']})" if history["best_epoch"] else ""
         last = out / "ckpt.safetensors"  # a lease brings a run back without it (state holds the same weights)
         last = f"{last} ({last.stat().st_size / 2**20:.1f} MiB)" if last.exists() else f"{out}/state.safetensors"
         print0(f"trained {history['step']} steps in {history['train_wall_s'] / 60:.1f} min ({dtype}); "
                f"last {last}{best}")
-    return finish(model, ddp_model, ddp)
+    if ddp:  # DDP's reducer holds the group's gloo work: alive when the group is destroyed, it can abort the exit
+        del job, forward, ddp_model  # (SIGABRT, "terminate called without an active exception"): freed first
+        dist.barrier()
+        dist.destroy_process_group()
+    return model
 
 
 def train_epoch(job, epoch, neg, total, ddp_rank, world_size):
@@ -379,14 +384,6 @@ def dev_and_save(job, epoch, names):
         where = f"after epoch {epoch}" if end else f"at step {history['step']} (epoch {epoch})"
         job.log0(f"dev {where}: {line}" + (" (best so far)" if better else ""))
     save(job.out, job.model, job.opt, job.params, job.meta | history, names)
-
-
-def finish(model, ddp_model, ddp):
-    if ddp:
-        del ddp_model  # DDP's reducer holds gloo work; freed at interpreter exit it can abort the process (SIGABRT)
-        dist.barrier()
-        dist.destroy_process_group()
-    return model
 
 
 def learning_rate(step, peak, warm, total):

@@ -152,6 +152,23 @@ def test_two_process_ddp_equals_one_process(setup, tmp_path):
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
 
 
+def test_ddp_is_freed_before_its_process_group_is_destroyed(setup, tmp_path, monkeypatch):
+    """DDP's reducer holds the group's gloo work: alive at destroy_process_group, it can abort the process at exit
+    (SIGABRT, "terminate called without an active exception": a CI run of the two-process test above)."""
+    import gc, socket
+    with socket.socket() as s:  # a free port for a one-rank gloo group in this process
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(k, v)
+    alive, destroy = [], train.dist.destroy_process_group
+    ddp_type = torch.nn.parallel.DistributedDataParallel
+    monkeypatch.setattr(train.dist, "destroy_process_group",
+                        lambda: alive.append(sum(type(o) is ddp_type for o in gc.get_objects())) or destroy())
+    train.main(train.parse_args(args(setup, tmp_path, "--epochs", "1", "--dtype", "fp32")))
+    assert alive == [0] and not train.dist.is_initialized()
+
+
 def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
     # Bit for bit (torch.equal) holds only where the arithmetic is deterministic: fp32 (--dtype auto may pick bf16
     # autocast) and one thread for every run (OMP_NUM_THREADS=1: with 2 threads two uninterrupted MiniLM CPU runs
