@@ -37,8 +37,9 @@ PRESETS = {
 PRESETS["paper"]["own"] = PRESETS["paper"]["umls"] | dict(dev_sample=1000)  # a graph of one's own: --data FOLDER
 PRESETS["cpu"]["own"] = PRESETS["cpu"]["umls"] | dict(epochs=5, dev_sample=1000)
 # gpu: the cpu recipe compiled (batch: 2x with lr x sqrt 2 trains UMLS alike at equal sequences, 4x-8x worse; 2x
-# awaits a GPU speed figure: RESULTS.md, issue 41); big graphs: the paper's 10 epochs with the CPU sweep's choice at
-# 1,000 steps (RESULTS.md): FB15k-237 negatives 5,5,5,2; WN18RR hard negatives 0.5. What a lease runs (gpu_runbook)
+# awaits a GPU speed figure and a WN18RR check at a lease's budget: RESULTS.md, issue 41); big graphs: the paper's
+# 10 epochs with the CPU sweep's choice at 1,000 steps (RESULTS.md): FB15k-237 negatives 5,5,5,2; WN18RR hard
+# negatives 0.5. What a lease runs (gpu_runbook)
 PRESETS["gpu"] = {name: p | dict(compile=True) for name, p in PRESETS["cpu"].items()}
 # A dev point every 2,500 steps, not 500: on a GPU 500 steps take ~6 s, a dev point and its state save ~2-3 s (stop 48)
 PRESETS["gpu"]["wn18rr"] |= dict(epochs=10, negatives=(1, 0, 1, 2), hard_negatives=0.5, dev_every=2500)
