@@ -91,6 +91,8 @@ class Run:
     finetune: bool = setting(False, "train the whole LM, no PALT parts (KG-BERT's row)")
     dtype: str = setting("auto", "autocast: auto = bf16 on GPU and on CPUs with native bf16, else fp32", choices=DTYPES)
     compile: bool | None = setting(help="torch.compile the step (recipe gpu does; on CPU it needs g++)")
+    cudagraphs: bool = setting(False, "with --compile on one GPU: replay each padded length's step as a CUDA graph "
+                               "(torch.compile's reduce-overhead), not as hundreds of launches")
     max_seq_length: int = setting(192, "every position the model sees, prompts included", low=(4, True))
     dev_limit: int | None = setting(low=(1, True), help="link prediction: dev triples ranked at each dev point")
     dev_sample: int | None = setting(low=(1, True), help="... against a seeded sample of N entities, not all")
@@ -142,6 +144,8 @@ def parse_args(argv=None):
         ap.error("--negatives 0,0,0 leaves no false triples to learn from: give at least one corruption per positive")
     if run.negatives[3:] > (2,):
         ap.error(f"--negatives: at most 2 self-negatives, (h, r, h) and (t, r, t), not {run.negatives[3]}")
+    if run.cudagraphs and not run.compile:
+        ap.error("--cudagraphs replays the compiled step: it needs --compile (or --recipe gpu)")
     if run.finetune:  # the paper's Finetuning row: the whole LM, none of PALT's parts
         run.prompts, run.calib, run.no_wp = (0, 0, 0), (), True
     check_seq_length(run.max_seq_length, sum(run.prompts))
@@ -164,7 +168,7 @@ def epoch_order(keys, per_step, epoch, seed, pool_steps=100):
 
 # settings that may change when a run resumes: where it writes and what it reports, not what it trains
 RESUME_MAY_CHANGE = ("model", "data_dir", "out", "resume", "log_every", "dev_limit", "dev_sample", "dev_every",
-                     "dev_near", "recipe", "compile")
+                     "dev_near", "recipe", "compile", "cudagraphs")
 
 
 def check_output(out, resume):
@@ -268,6 +272,10 @@ def main(run):
     ddp, master_process = world_size > 1 or dist.is_initialized(), ddp_rank == 0
     print0 = lambda *a, **k: print(*a, **k, flush=True) if master_process else None
     check_compiler(run.compile, device)
+    if run.cudagraphs and ddp:  # DDP's gradient all-reduce runs inside the backward a graph would capture
+        raise SystemExit("error: --cudagraphs trains on one GPU without DDP: leave it out under torchrun")
+    if run.cudagraphs and device.type != "cuda":
+        print0(f"--cudagraphs: CUDA graphs exist on a GPU only; on {device.type} the step is compiled without them")
     if run.batch % world_size:
         raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world_size} ranks")
     out = Path(run.out)
@@ -290,8 +298,7 @@ def main(run):
         print0(f"nearest {NEAR} entities of each entity by the frozen encoder: {time.time() - t:.0f} s")
     negatives = NegativeSampler(kg, *run.negatives, seed=run.seed, near=near, hard=run.hard_negatives)
     ddp_model = DDP(model, device_ids=[ddp_local_rank] if device.type == "cuda" else None) if ddp else model
-    # compiled: the casts, adds, LayerNorms and GELUs between the matmuls fuse; steps vary in length, hence dynamic
-    forward = torch.compile(ddp_model, dynamic=True) if run.compile else ddp_model
+    forward = compiled(ddp_model, run)
     history = resume(resumed, out / "state.safetensors", model, opt, params)
     log0 = open_log(out, print0) if master_process else print0
     if run.resume:  # in the log too: a resumed run's log shows where it was stopped and continued
@@ -322,6 +329,14 @@ def main(run):
         dist.barrier()
         dist.destroy_process_group()
     return model
+
+
+def compiled(model, run):
+    """What a step calls: the model, or torch.compiled (the casts, adds, LayerNorms and GELUs between the matmuls
+    fuse; steps vary in length, hence dynamic), and with --cudagraphs each length's kernels replayed as one graph."""
+    if not run.compile:
+        return model
+    return torch.compile(model, dynamic=True, mode="reduce-overhead" if run.cudagraphs else None)
 
 
 def train_epoch(job, epoch, neg, total, ddp_rank, world_size):

@@ -137,8 +137,8 @@ def bench(name, args, models, device, auto):
 def recipe_speed(name, recipes, args, device):
     """Sequences/s of train.py's own step (train.build, train.train_step) under each recipe's batch, negatives, prompts
     and compile, on --steps steps at the quantiles of padded size, after one untimed pass over them (the compile).
-    RECIPE:MODE overrides the compile: eager, compile, or (CUDA only) cudagraphs, torch.compile's reduce-overhead
-    mode, which replays the step's kernels as CUDA graphs (one per padded length) instead of launching each;
+    RECIPE:MODE overrides the compile: eager, compile, or (CUDA only) cudagraphs, train.py's --cudagraphs (torch.compile's
+    reduce-overhead mode), which replays the step's kernels as CUDA graphs (one per padded length), not each launched;
     RECIPE[:MODE]@N the batch (N positives a step: a larger batch's speed, before the UMLS gate rules on it)."""
     import bench_eval  # the peak: a GPU's spec, else a measured matmul
     print(f"\n{name}: train.py's step by recipe ('{bert.resolve_dtype('auto', device)}' dtype), best of {args.repeat}")
@@ -156,8 +156,8 @@ def recipe_speed(name, recipes, args, device):
         dtype = bert.resolve_dtype(run.dtype, device)
         model, kg, enc, _, params, opt = train.build(run, dtype, device)
         model.train()
-        forward = model if mode == "eager" else torch.compile(
-            model, dynamic=True, mode="reduce-overhead" if mode == "cudagraphs" else None)
+        run.compile, run.cudagraphs = mode != "eager", mode == "cudagraphs"
+        forward = train.compiled(model, run)  # train.py's own: what --compile [--cudagraphs] trains with
         neg = data.NegativeSampler(kg, *run.negatives, seed=0).negatives(0)
         per = 1 + neg.shape[1]
         lengths = data.seq_lengths(enc, np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3), run.prompts,

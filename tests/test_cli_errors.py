@@ -236,6 +236,8 @@ CASES = [
       ("--max-seq-length",), ARGPARSE),
     C("train-max-seq-length-prompts", "room for the 4 prompts and specials, none for text",
       train("--max-seq-length", "7"), ("--max-seq-length 7", "prompt")),
+    C("train-cudagraphs-eager", "CUDA graphs of a step that is not compiled", train("--cudagraphs"),
+      ("--cudagraphs", "--compile"), ARGPARSE),
     C("train-warmup-2", "warm-up beyond all steps", train("--warmup", "2"), ("--warmup",), ARGPARSE),
     C("train-grad-clip-0", "clipping to zero", train("--grad-clip", "0"), ("--grad-clip",), ARGPARSE),
     C("train-seed-negative", "a negative seed", train("--seed", "-1"), ("--seed",), ARGPARSE),

@@ -1,5 +1,5 @@
 """train.py: training lowers the loss, frozen tensors stay frozen, DDP equals one process, --resume replays exactly."""
-import os, re, signal, subprocess, sys
+import os, re, shutil, signal, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
@@ -152,21 +152,61 @@ def test_two_process_ddp_equals_one_process(setup, tmp_path):
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
 
 
-def test_ddp_is_freed_before_its_process_group_is_destroyed(setup, tmp_path, monkeypatch):
-    """DDP's reducer holds the group's gloo work: alive at destroy_process_group, it can abort the process at exit
-    (SIGABRT, "terminate called without an active exception": a CI run of the two-process test above)."""
-    import gc, socket
-    with socket.socket() as s:  # a free port for a one-rank gloo group in this process
+def one_rank_group(monkeypatch):
+    """torchrun's environment for one rank of a gloo group in this process, on a free port."""
+    import socket
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)).items():
         monkeypatch.setenv(k, v)
+
+
+def test_ddp_is_freed_before_its_process_group_is_destroyed(setup, tmp_path, monkeypatch):
+    """DDP's reducer holds the group's gloo work: alive at destroy_process_group, it can abort the process at exit
+    (SIGABRT, "terminate called without an active exception": a CI run of the two-process test above)."""
+    import gc
+    one_rank_group(monkeypatch)
     alive, destroy = [], train.dist.destroy_process_group
     ddp_type = torch.nn.parallel.DistributedDataParallel
     monkeypatch.setattr(train.dist, "destroy_process_group",
                         lambda: alive.append(sum(type(o) is ddp_type for o in gc.get_objects())) or destroy())
     train.main(train.parse_args(args(setup, tmp_path, "--epochs", "1", "--dtype", "fp32")))
     assert alive == [0] and not train.dist.is_initialized()
+
+
+def test_cudagraphs_are_refused_under_torchrun_before_the_model_loads(setup, tmp_path, monkeypatch):
+    """DDP's gradient all-reduce runs inside the backward a CUDA graph would capture: one GPU only."""
+    one_rank_group(monkeypatch)
+    monkeypatch.setattr(train, "build", lambda *a: pytest.fail("the model loaded"))
+    with pytest.raises(SystemExit, match="^error: --cudagraphs trains on one GPU without DDP: leave it out under "
+                                         "torchrun$"):
+        train.main(train.parse_args(args(setup, tmp_path, "--compile", "--cudagraphs")))
+    train.dist.destroy_process_group()
+    assert not (tmp_path / "state.safetensors").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and shutil.which(os.environ.get("CXX", "g++")) is None,
+                    reason="torch.compile on CPU needs g++")
+def test_the_compiled_step_with_cudagraphs_trains_as_the_eager_step(setup, tmp_path, device):
+    """--compile --cudagraphs takes the eager steps: the same losses and weights over batches of two shapes,
+    each three times (on a GPU: the shape's warm-up, its graph's capture, a replay; on a CPU compiled alone)."""
+    run = train.parse_args(args(setup, tmp_path, "--compile", "--cudagraphs", "--dtype", "fp32"))
+    (eager, kg, enc, _, eager_params, eager_opt), (model, _, _, _, params, opt) = (
+        train.build(run, "fp32", device) for _ in range(2))
+    # 6 positives + 6 "negatives", then 4 + 4: two shapes (the tiny graph's texts are all alike long)
+    batches = [(data.build_batch(enc, kg.train[i:i + 2 * n], run.prompts, run.max_seq_length), n) for i, n in
+               ((0, 6), (12, 4))]
+    forward = train.compiled(model, run)
+    assert forward is not model
+    losses = []
+    for m, f, p, o in ((eager, eager, eager_params, eager_opt), (model, forward, params, opt)):
+        m.train()
+        losses.append([train.train_step(f, o, p, b, n, 3e-3, 1.0, "fp32", device).item() for b, n in batches * 3])
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5)
+    assert len(set(losses[0])) == 6  # it trains: no step repeats a loss
+    for name, p in params.items():
+        torch.testing.assert_close(p, eager_params[name], atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
