@@ -271,9 +271,9 @@ def main(run):
     ddp_rank, ddp_local_rank, world_size, device, dtype = init_distributed(run.dtype)
     ddp, master_process = world_size > 1 or dist.is_initialized(), ddp_rank == 0
     print0 = lambda *a, **k: print(*a, **k, flush=True) if master_process else None
-    check_compiler(run.compile, device)
     if run.cudagraphs and ddp:  # DDP's gradient all-reduce runs inside the backward a graph would capture
         raise SystemExit("error: --cudagraphs trains on one GPU without DDP: leave it out under torchrun")
+    check_compiler(run.compile, device)
     if run.cudagraphs and device.type != "cuda":
         print0(f"--cudagraphs: CUDA graphs exist on a GPU only; on {device.type} the step is compiled without them")
     if run.batch % world_size:
