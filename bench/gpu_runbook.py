@@ -6,15 +6,18 @@
 Steps (--steps, default all, in this order, each stopped before --budget seconds of the call are spent):
   tests       the whole default suite with the GPU as the device of every train/evaluate test (pytest --device
               cuda), then one torchrun --nproc_per_node 1 training and ranking (NCCL): pass/fail and the summary
-  speed       in at most 5 minutes: train.py's gpu-recipe step on WN18RR compiled at its batch (32), at 64 (which
-              passed the UMLS gate, stop 51) also as CUDA graphs, at 128 (close to it) and at 32 as CUDA graphs
-              (bench/bench_train.py --recipes gpu,gpu@64,gpu:cudagraphs@64,gpu@128,gpu:cudagraphs: the figure issue
+  speed       in at most 5 minutes: train.py's gpu-recipe step on WN18RR compiled at its batch (32) and as CUDA
+              graphs, at 64 (which passed the UMLS gate, stop 51) also as graphs, and at 128 (close to it)
+              (bench/bench_train.py --recipes gpu,gpu:cudagraphs,gpu@64,gpu:cudagraphs@64,gpu@128: the figure issue
               41 still lacks; a row prints as it finishes), then one layer's attention under each SDPA backend (stop
-              48: 37% of the step's GPU time): the printed tables, whole, in runbook.json
+              48: 37% of the step's GPU time): the printed tables, whole, in runbook.json. Then the lease's training
+              takes --cudagraphs if the graphs' row is >= 1.15x the compiled one and their tests pass on the GPU
+              (--work/cudagraphs.json: this call's training and the next calls' read it)
   throughput  triples/s of evaluate.Scorer in fp32, bf16 and bf16 compiled for MiniLM and a BERT-base-shaped random
               model on WN18RR and FB15k-237 candidates, with the share of the matmul peak; then train.py's step under
               --recipe cpu and gpu on WN18RR (bench/bench_train.py --recipes): the issue-41 training figure
-  train       the lease: `train.py --data NAME --recipe gpu --resume` (10 epochs, PRESETS) for WN18RR, then FB15k-237,
+  train       the lease: `train.py --data NAME --recipe gpu --resume` (10 epochs, PRESETS; --cudagraphs if the speed
+              step chose it, dropped if the step dies, then --no-compile) for WN18RR, then FB15k-237,
               each continuing the state committed in results/lease/NAME-gpu/ (none: from scratch), one after the other
               until the budget is spent, stopped with SIGINT (train.py saves the step it is on); a run that has
               finished its 10 epochs is ranked (--limit --rank-limit, --compile, continuing its committed ranks), and
@@ -43,6 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_eval, bench_train, bert, data, evaluate, palt  # noqa: E402
 
 STEPS = ("tests", "speed", "throughput", "train", "rank")
+GRAPHS_GAIN = 1.15  # the lease's training takes CUDA graphs from this speed-up on (a crash falls back: train_runs)
 
 
 def run_tests(args, left):
@@ -70,15 +74,39 @@ def run_tests(args, left):
 
 
 def speed(args, left):
-    """bench_train's recipe rows and attention table on WN18RR (umls with --smoke), printed. The ranking loop's rows
-    (bench/bench_eval.py --ours-only) were measured at stop 48 (issue 41 item 3): not repeated in a lease's minutes."""
+    """bench_train's recipe rows and attention table on WN18RR (umls with --smoke), printed; then whether the lease's
+    training takes CUDA graphs (graphs_decision). The ranking loop's rows (bench/bench_eval.py --ours-only) were
+    measured at stop 48 (issue 41 item 3): not repeated in a lease's minutes."""
     graph = "umls" if args.smoke else "wn18rr"
+    recipes = "cpu,cpu@64" if args.smoke else "gpu,gpu:cudagraphs,gpu@64,gpu:cudagraphs@64,gpu@128"  # decision's first
     cmd = [sys.executable, "bench/bench_train.py", "--data", graph, "--data-dir", args.data_dir, "--recipes",
-           "cpu,cpu@64" if args.smoke else "gpu,gpu@64,gpu:cudagraphs@64,gpu@128,gpu:cudagraphs", "--steps",
-           "2" if args.smoke else "16", "--repeat", "2", "--attention", "32" if args.smoke else "48,64"]
-    code, tail = run_for(cmd, min(300, left() - 30))  # at most 5 minutes: a lease's training comes next
+           recipes, "--steps", "2" if args.smoke else "16", "--repeat", "2", "--attention", "32" if args.smoke else "48,64"]
+    code, tail = run_for(cmd, min(300, left() - 90))  # at most 5 minutes: a lease's training comes next
     print(tail, flush=True)
-    return [{"command": " ".join(cmd[1:]), "returncode": code, "output": tail}]  # whole: the tables
+    rates = {f[0]: float(f[4].replace(",", "")) for f in map(str.split, tail.split("attention:")[0].splitlines())
+             if len(f) > 4 and f[0] in recipes.split(",") and f[4].replace(",", "").isdigit()}
+    return [{"command": " ".join(cmd[1:]), "returncode": code, "output": tail},  # whole: the tables
+            graphs_decision(args, rates, left)]
+
+
+def graphs_decision(args, rates, left):
+    """The lease's training takes --cudagraphs if the graphs' row is at least GRAPHS_GAIN x the compiled step's (batch
+    32, as the runs train) and their tests pass on this device (replays train as the eager step; dropout follows
+    each step's seed). Written to --work/cudagraphs.json, which train_runs reads in this call and the next ones of a
+    warm machine. --smoke: the tests alone decide (on a CPU the flag compiles without graphs: its path, end to end)."""
+    device = "cpu" if args.smoke else "cuda"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--device", device, "tests/test_train.py",
+           "-k", "cudagraphs or dropout_in_the_compiled"]
+    gain = rates.get("gpu:cudagraphs", 0) / rates["gpu"] if rates.get("gpu") else None
+    code, tail = (None, "not run: the graphs' row is missing or gains too little") if not args.smoke and (
+        gain is None or gain < GRAPHS_GAIN) else run_for(cmd, min(150, left() - 60))
+    lines = tail.strip().splitlines()
+    use = code == 0 and (args.smoke or gain >= GRAPHS_GAIN)
+    decision = {"cudagraphs": use, "gain": gain and round(gain, 2), "rates": rates, "tests": " ".join(cmd[1:]),
+                "tests_returncode": code, "tests_summary": lines[-1] if lines else ""}
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    (Path(args.work) / "cudagraphs.json").write_text(json.dumps(decision) + "\n")
+    return decision
 
 
 def throughput(args, device, left):
@@ -156,11 +184,14 @@ def train_runs(args, left):
         if ranked:  # trained: only more ranks (a finished run's folder need not keep its 7 MB state.safetensors)
             row = {"data": name, "finished": True, "note": f"trained, {ranked} test triples ranked before"}
         else:
+            graphs = Path(args.work) / "cudagraphs.json"  # the speed step's decision, this call or an earlier one
             cmd = [sys.executable, "train.py", "--data", name, "--data-dir", args.data_dir, "--recipe", "gpu",
-                   "--out", str(work), "--resume"] + (["--max-steps", "3", "--dev-limit", "5"] if args.smoke else [])
+                   "--out", str(work), "--resume"] + (["--max-steps", "3", "--dev-limit", "5"] if args.smoke else []) \
+                + ["--cudagraphs"] * (graphs.is_file() and json.loads(graphs.read_text())["cudagraphs"])
             code, tail = run_for(cmd, min(deadline - t, left() - 60))
-            if code not in (0, None) and "Traceback" in tail[-2000:]:  # the compiled step died here: eager, resumed
-                cmd.append("--no-compile")
+            while code not in (0, None) and "Traceback" in tail[-2000:] and "--no-compile" not in cmd:
+                # the step died here: without graphs, then eager; each resumes from the last save
+                cmd = [c for c in cmd if c != "--cudagraphs"] if "--cudagraphs" in cmd else cmd + ["--no-compile"]
                 code, tail = run_for(cmd, min(deadline - time.time(), left() - 60))
             row = {"data": name, "command": " ".join(cmd[1:]), "returncode": code,
                    "wall_s": round(time.time() - t, 1), "finished": "trained " in tail, "tail": tail[-800:]}

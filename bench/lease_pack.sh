@@ -25,7 +25,8 @@ last=$(ls .lease | tail -1)
 for n in $(ls .lease); do
   if [ "$n" != "$last" ]; then echo "  carry [\".lease/$n\"]: mkdir -p /tmp/m && cp .lease/$n/* /tmp/m"; fi
 done
-# speed first (at most 5 minutes) while issue 41 item 2 lacks its GPU rows (batches 64, 128; CUDA graphs): FB15k-237 needs two leases anyway
+# speed first (at most 5 minutes) while issue 41 item 2 lacks its GPU rows (batches 64, 128; CUDA graphs): FB15k-237 needs two
+# leases anyway; if the graphs' row pays (>= 1.15x) and their tests pass there (~1-2 minutes), FB15k-237 trains with them
 echo "  carry [\".lease/$last\"]: cp .lease/$last/* /tmp/m && bash bench/lease_unpack.sh && export PYTHONPATH=/tmp/pk" \
      "PALT_DATA=/tmp/data && python3 bench/gpu_runbook.py --out \$OUT/rb --data-dir /tmp/data --steps speed,train,rank --budget 555"
 echo "  then at once (warm 30 s; /tmp/lease, /tmp/pk, /tmp/data stay), while over 4 minutes are left: export PYTHONPATH=/tmp/pk" \

@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PALT_DATA") or ROOT.parent / "shared" / "data")
 
 
-@pytest.mark.slow  # ~10 minutes: --recipe gpu compiles on the CPU (torch.compile), twice
+@pytest.mark.slow  # ~12 minutes: --recipe gpu compiles on the CPU (torch.compile), twice; the graphs' tests
 @pytest.mark.skipif(not (DATA / "umls").is_dir(), reason="needs the umls data ($PALT_DATA or ../shared/data)")
 def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     env = dict(os.environ, PALT_DATA=str(DATA))
@@ -19,15 +19,17 @@ def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     pytest_run, ddp_train, ddp_rank = report["tests"]
     assert report["smoke"] and pytest_run["returncode"] == 0 and "passed" in pytest_run["summary"]
     assert "--device cpu" in pytest_run["command"] and ddp_train["returncode"] == ddp_rank["returncode"] == 0
-    [bench_train] = report["speed"]  # the step's recipe rows and the attention table: the whole output
+    bench_train, graphs = report["speed"]  # the step's recipe rows and the attention table (the whole output), then
+    assert graphs["cudagraphs"] and graphs["tests_returncode"] == 0, graphs  # the graphs' tests decide (--smoke)
     assert bench_train["returncode"] == 0 and "\ncpu " in bench_train["output"], report["speed"]
     recipes = bench_train["output"].split("attention:")[0]  # the recipe table, before the attention one
     rows = [line.split() for line in recipes.splitlines() if line.split()[1:2] in (["32"], ["64"])]
     assert [r[:3] for r in rows] == [["cpu", "32", "128"], ["cpu@64", "64", "256"]], rows  # RECIPE@N: at batch N
     attention = bench_train["output"].split("attention: one layer's forward + backward")[1].splitlines()
     assert attention[2].split()[0] == "32" and attention[2].split()[4] != "-", attention  # the math kernel: timed
-    [train] = report["train"]  # the lease's run: --recipe gpu (compiled), stopped by its step limit, then ranked
-    assert train["returncode"] == 0 and train["finished"] and train["rank"]["returncode"] == 0, train
+    [train] = report["train"]  # the lease's run: --recipe gpu --cudagraphs (on a CPU: compiled), stopped by its step
+    assert train["returncode"] == 0 and train["finished"] and train["rank"]["returncode"] == 0, train  # limit, ranked
+    assert "--cudagraphs" in train["command"], train["command"]
     assert "umls-gpu/state.safetensors" in tarfile.open(tmp_path / "out" / "train-umls.tar").getnames()
     assert {r["recipe"] for r in report["throughput"]["train_rows"]} == {"cpu", "cpu:compile", "gpu"}  # no CUDA graphs
     [row] = [r for r in report["throughput"]["rows"] if r["dtype"] == "fp32"]  # (bf16 too, where the CPU has it)
@@ -102,3 +104,49 @@ def test_the_rank_step_skips_an_adapter_whose_committed_ranks_hold_the_asked_tri
     assert rows[0] == {"data": "wn18rr", "skipped": "5 test triples already ranked (palt-wn18rr-minilm.json)"}
     assert [cmd[cmd.index("--data") + 1] for cmd in asked] == ["fb15k-237"] and rows[1]["returncode"] == 0
     assert (tmp_path / "rank-fb15k-237.state").is_dir()  # the committed state, copied to continue from
+
+
+@pytest.mark.parametrize("graphs_row, tests_pass, chosen", [(30000, True, True), (21000, True, False),
+                                                            (30000, False, False), (None, True, False)])
+def test_the_speed_step_gives_the_lease_cuda_graphs_only_where_they_pay_and_pass_their_tests(
+        tmp_path, monkeypatch, graphs_row, tests_pass, chosen):
+    """gpu:cudagraphs at >= 1.15x gpu (20,000 seq/s here) and its tests passing on the device: the decision the
+    training reads. Below the gain, or with the row missing (the bench stopped before it), no test starts."""
+    rows = "recipe  batch\ngpu                   32      160  compile   20,000   1,000,000\n" + (
+        f"gpu:cudagraphs        32      160 cudagraphs {graphs_row:,}   1,500,000\n" if graphs_row else "")
+    asked = []
+
+    def run_for(cmd, seconds):
+        asked.append(cmd)
+        if "bench/bench_train.py" in cmd:
+            return 0, rows + "\nattention: one layer's forward + backward\n 48  gpu:cudagraphs 1 2 3 99,999\n"
+        return (0, "3 passed") if tests_pass else (1, "1 failed, 2 passed")
+
+    rb, args = runbook(tmp_path, monkeypatch, run_for)
+    bench, decision = rb.speed(args, lambda: 600.0)
+    assert decision["cudagraphs"] is chosen and decision["rates"]["gpu"] == 20000
+    assert json.loads((tmp_path / "work" / "cudagraphs.json").read_text())["cudagraphs"] is chosen
+    assert len(asked) == (2 if graphs_row == 30000 else 1), asked  # the tests run only for a row that pays
+    if len(asked) == 2:
+        assert asked[1][asked[1].index("--device") + 1:] == ["cuda", "tests/test_train.py", "-k",
+                                                             "cudagraphs or dropout_in_the_compiled"], asked[1]
+
+
+def test_the_lease_trains_with_cuda_graphs_when_chosen_and_without_them_after_a_crash(tmp_path, monkeypatch):
+    """The speed step's cudagraphs.json adds --cudagraphs; a step that dies (a traceback) resumes without graphs,
+    and if that dies too, eager (--no-compile); a run stopped at the budget is not retried."""
+    asked = []
+    crash = (1, "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error")
+
+    def run_for(cmd, seconds):
+        asked.append(cmd)
+        return crash if cmd[3] == "wn18rr" else (None, "stopped")
+
+    rb, args = runbook(tmp_path, monkeypatch, run_for)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "cudagraphs.json").write_text(json.dumps({"cudagraphs": True}))
+    rows = rb.train_runs(args, lambda: 600.0)
+    flags = [(cmd[3], "--cudagraphs" in cmd, "--no-compile" in cmd) for cmd in asked]
+    assert flags == [("wn18rr", True, False), ("wn18rr", False, False), ("wn18rr", False, True),
+                     ("fb15k-237", True, False)], flags
+    assert rows[0]["returncode"] == 1 and "--no-compile" in rows[0]["command"] and rows[1]["returncode"] is None

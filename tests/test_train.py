@@ -1,5 +1,5 @@
 """train.py: training lowers the loss, frozen tensors stay frozen, DDP equals one process, --resume replays exactly."""
-import os, re, shutil, signal, subprocess, sys
+import json, os, re, shutil, signal, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
@@ -207,6 +207,29 @@ def test_the_compiled_step_with_cudagraphs_trains_as_the_eager_step(setup, tmp_p
     assert len(set(losses[0])) == 6  # it trains: no step repeats a loss
     for name, p in params.items():
         torch.testing.assert_close(p, eager_params[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_dropout_in_the_compiled_step_draws_its_masks_from_each_steps_seed(setup, tmp_path, device):
+    """Under --compile --cudagraphs a replayed step draws fresh dropout masks from the seed train.py sets before it
+    (a graph that replayed its capture's masks would train the whole run on one mask), and a seed seen before gives
+    its masks again (--resume replays a step exactly). On a GPU calls 1-2 warm up and capture, 3-6 replay."""
+    model_dir = shutil.copytree(setup[1], tmp_path / "bert-dropout")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(config | dict(hidden_dropout_prob=0.1,
+                                                                    attention_probs_dropout_prob=0.1)))
+    run = train.parse_args(args(setup, tmp_path / "out", "--compile", "--cudagraphs", "--dtype", "fp32", "--model",
+                                str(model_dir)))
+    model, kg, enc, _, params, opt = train.build(run, "fp32", device)
+    model.train()
+    forward, batch = train.compiled(model, run), data.build_batch(enc, kg.train[:12], run.prompts, run.max_seq_length)
+
+    def loss(seed):  # lr 0: the weights stay as they are, only the masks can move the loss
+        torch.manual_seed(seed)
+        return train.train_step(forward, opt, params, batch, 6, 0.0, 1.0, "fp32", device).item()
+
+    seen = [loss(seed) for seed in (1, 1, 2, 1, 2, 1)]
+    assert seen[2] != seen[3], seen  # another seed, other masks: dropout is on and follows the seed
+    assert seen[3] == seen[5] and seen[2] == seen[4], seen  # replays of one seed: the same masks
 
 
 def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
