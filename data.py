@@ -126,8 +126,13 @@ class KG:
         return (t[:, 0] * len(self.relations) + t[:, 1]) * len(self.entities) + t[:, 2]
 
     def is_known(self, triples):
-        k = self.key(triples)
-        return self.known[np.minimum(np.searchsorted(self.known, k), len(self.known) - 1)] == k
+        """True where a triple is a fact of train, dev or test: the filter of the evaluation's ranks."""
+        return in_sorted(self.known, self.key(triples))
+
+
+def in_sorted(keys, k):
+    """True where k is in the sorted array `keys`."""
+    return keys[np.minimum(np.searchsorted(keys, k), len(keys) - 1)] == k
 
 
 def load_kg(spec, data_dir=None, text="name"):
@@ -289,15 +294,22 @@ def nearest_entities(kg, emb, k=32):
 
 
 class NegativeSampler:
-    """Per train positive: n_head, n_rel, n_tail corruptions of that part that are no known facts, then n_self (0-2)
-    self-negatives (SimKGC's) (h, r, h), (t, r, t): a text followed by itself reads as a perfect continuation, else the
-    query entity outranks the answers. hard: the share of entity corruptions drawn from the replaced one's `near`."""
+    """Per train positive: n_head, n_rel, n_tail corruptions of that part that are no train triples, then n_self
+    (0-2) self-negatives (SimKGC's) (h, r, h), (t, r, t): a text followed by itself reads as a perfect continuation,
+    else the query entity outranks the answers. hard: the share of entity corruptions drawn from the replaced one's
+    `near`. The filter is the train triples only, as in KG-BERT: dev and test facts never shape training, so a
+    corruption that happens to be a test fact is a negative like any other."""
 
     def __init__(self, kg, n_head=1, n_rel=1, n_tail=1, n_self=0, seed=0, rounds=30, near=None, hard=0.0):
         self.kg, self.seed, self.rounds, self.near, self.hard = kg, seed, rounds, near, hard
+        self.train_keys = np.unique(kg.key(kg.train))  # triple classification: train holds positives only
         self.column = np.repeat([0, 1, 2, 2, 0], [n_head, n_rel, n_tail, n_self > 0, n_self > 1])  # the part replaced
         self.is_self = np.arange(len(self.column)) >= n_head + n_rel + n_tail
         self.pools = (kg.split_entities, np.arange(len(kg.relations)), kg.split_entities)
+
+    def is_train(self, triples):
+        """True where a triple is a train triple: the corruptions redrawn."""
+        return in_sorted(self.train_keys, self.kg.key(triples))
 
     def negatives(self, epoch):
         """(N_train, K, 3) int64, uniform over the valid corruptions, the same on every rank for (seed, epoch)."""
@@ -305,8 +317,8 @@ class NegativeSampler:
         neg = np.repeat(kg.train[:, None, :], K, axis=1).reshape(-1, 3)
         col, own = np.tile(self.column, len(kg.train)), np.tile(self.is_self, len(kg.train))
         neg[own, col[own]] = neg[own, 2 - col[own]]  # the tail becomes the head, or the head the tail
-        todo = np.nonzero(~own | kg.is_known(neg))[0]  # a self-pair that is a known fact gets a random one instead
-        for _ in range(self.rounds):  # draw all, then redraw the known ones (the positive itself is known too)
+        todo = np.nonzero(~own | self.is_train(neg))[0]  # a self-pair in train: drawn anew
+        for _ in range(self.rounds):  # draw all, then redraw the train triples (the positive itself is one)
             c = col[todo]
             ent = kg.split_entities[rng.integers(len(kg.split_entities), size=len(todo))]
             if self.hard:  # a neighbour of the entity it replaces (column 0 stands in on relation rows, unused)
@@ -314,7 +326,7 @@ class NegativeSampler:
                 near = self.near[replaced, rng.integers(self.near.shape[1], size=len(todo))]
                 ent = np.where(rng.random(len(todo)) < self.hard, near, ent)
             neg[todo, c] = np.where(c == 1, rng.integers(len(kg.relations), size=len(todo)), ent)
-            todo = todo[kg.is_known(neg[todo])]
+            todo = todo[self.is_train(neg[todo])]
         # left (rarely any): corruptions with few valid choices (umls has a (?, r, t) with 134 of 135 heads true)
         q = neg[todo]
         q[np.arange(len(todo)), col[todo]] = -1  # the query: each group's valid choices are enumerated once
@@ -323,11 +335,11 @@ class NegativeSampler:
             rows, pool = todo[inv.ravel() == g], self.pools[c]
             cand = np.tile(masked, (len(pool), 1))
             cand[:, c] = pool
-            valid = pool[~kg.is_known(cand)]
+            valid = pool[~self.is_train(cand)]
             if len(valid) == 0:
                 h, r, t = kg.train[rows[0] // K]
                 raise DataError(f"{kg.folder}: no {['head', 'relation', 'tail'][c]} corruption of ({kg.entities[h]}, "
-                                f"{kg.relations[r]}, {kg.entities[t]}) is false: every candidate is a known fact")
+                                f"{kg.relations[r]}, {kg.entities[t]}) is false: every candidate is a train triple")
             neg[rows, c] = valid[rng.integers(len(valid), size=len(rows))]
         return neg.reshape(-1, K, 3)
 

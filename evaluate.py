@@ -428,7 +428,10 @@ def train_summary(meta):
             **{k: run.get(k) for k in ("lr", "batch", "negatives", "seed")},
             "epochs": meta.get("epoch"), "epochs_scheduled": run.get("epochs"), "steps": meta.get("step"),
             "dtype": meta.get("dtype"), "wall_s": meta.get("train_wall_s"), "tunable": meta.get("tunable"),
-            "dev": meta.get("dev"), "best_epoch": meta.get("best_epoch"), "recipe": run or None}
+            "dev": meta.get("dev"), "best_epoch": meta.get("best_epoch"), "recipe": run or None,
+            # 'train': negatives redrawn when a train triple; checkpoints before 2026-11-28 lack the key and
+            # redrew any train, dev or test fact
+            **{k: meta[k] for k in ("negative_filter",) if k in meta}}
 
 
 def load_model(run, device):

@@ -27,8 +27,10 @@ PRESETS = {
     "paper": {
         "wn11": dict(lr=1.5e-4, epochs=40, negatives=(1, 1, 1), prompts=(2, 0, 0), batch=32),
         "fb13": dict(lr=1.5e-5, epochs=40, negatives=(1, 1, 1), prompts=(10, 10, 10), batch=32),
-        "fb15k-237": dict(lr=1e-4, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=2),
-        "wn18rr": dict(lr=1e-5, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=2),
+        "fb15k-237": dict(lr=1e-4, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=50,
+                          dev_sample=100, dev_near=32),
+        "wn18rr": dict(lr=1e-5, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=50,
+                       dev_sample=100, dev_near=32),
         "umls": dict(lr=1e-4, epochs=10, negatives=(5, 5, 5), prompts=(10, 10, 10), batch=8, dev_limit=100),
     },
     "cpu": {"wn11": CPU | dict(epochs=3), "fb13": CPU | dict(epochs=1), "umls": CPU | dict(epochs=8, dev_limit=100),
@@ -226,7 +228,7 @@ def build(run, dtype, device):
     meta = dict(model=run.model, weights_sha256=loaded.weights_sha256, data=run.data, data_fingerprint=kg.fingerprint,
                 text=run.text, text_file=kg.text_file, prompts=list(run.prompts), max_seq_length=run.max_seq_length,
                 dtype=dtype, palt=palt_meta(model), run=json.dumps(asdict(run)), tunable=report["tunable"],
-                total=report["total"])
+                total=report["total"], negative_filter="train")  # corruptions redrawn when in train
     model.to(device)
     # bf16 autocast recasts a frozen weight at every call (it caches only weights that train; stop 48's GPU profile:
     # ~60 cast kernels a step): the encoder's frozen linears are cast once instead, to the same values, so the steps

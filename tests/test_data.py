@@ -251,14 +251,14 @@ def test_seq_lengths_match_the_built_batch(kg):
 
 # ----------------------------------------------------------------------------- negatives
 
-def test_negatives_corrupt_one_part_and_are_never_known_facts(kg):
+def test_negatives_corrupt_one_part_and_are_never_train_triples(kg):
     neg = NegativeSampler(kg, n_head=3, n_rel=2, n_tail=4, seed=1).negatives(0)
     assert neg.shape == (4, 9, 3) and neg.dtype == np.int64
     same = neg == kg.train[:, None, :]
     changed = np.array([0] * 3 + [1] * 2 + [2] * 4)
     for k, c in enumerate(changed):  # slot k changes part c and keeps the other two
         assert same[:, k, [p for p in range(3) if p != c]].all() and not same[:, k, c].any()
-    assert not kg.is_known(neg.reshape(-1, 3)).any()
+    assert not NegativeSampler(kg).is_train(neg.reshape(-1, 3)).any()
     assert np.isin(neg[:, :3, 0], kg.split_entities).all() and np.isin(neg[:, 5:, 2], kg.split_entities).all()
     assert not (neg == 4).any()  # 'x' is in no split, so it is no corruption candidate
 
@@ -274,6 +274,22 @@ def test_negatives_are_seeded_and_change_every_epoch(tmp_path):
     assert not np.array_equal(s.negatives(3), NegativeSampler(big, 2, 1, 2, seed=6).negatives(3))
     entity_only = NegativeSampler(big, 1, 0, 1, seed=5).negatives(0)  # as the reference's WN11/FB15k-237 runs
     assert entity_only.shape == (300, 2, 3) and (entity_only[:, :, 1] == big.train[:, None, 1]).all()
+
+
+def test_negatives_are_filtered_by_train_triples_only_never_by_dev_or_test_facts(tmp_path):
+    # the test fact (e0, r1, e5) and the dev fact (e0, r1, e6) are tail corruptions of the train triple
+    # (e0, r1, e1): KG-BERT's protocol draws them like any other false-by-train triple (7 valid tails)
+    ents = "".join(f"e{i}\talpha\n" for i in range(8))
+    train = "e0\tr1\te1\ne2\tr1\te3\ne4\tr2\te7\n"
+    write_kg(tmp_path, entity2text_txt=ents, train_tsv=train, dev_tsv="e0\tr1\te6\n",
+             test_tsv="e0\tr1\te5\n")
+    kg = load_kg("umls", tmp_path)
+    e1, e5, e6 = (kg.entities.index(e) for e in ("e1", "e5", "e6"))
+    sampler = NegativeSampler(kg, 0, 0, 1, seed=0)
+    tails = np.array([sampler.negatives(epoch)[0, 0, 2] for epoch in range(200)])
+    assert not (tails == e1).any()
+    assert 10 <= (tails == e5).sum() <= 50 and 10 <= (tails == e6).sum() <= 50  # about 200 / 7 each
+    assert kg.is_known([[0, 0, e5], [0, 0, e6]]).all()  # the evaluation filter still holds them
 
 
 def test_a_corruption_with_a_single_valid_choice_is_found(tmp_path):
@@ -295,7 +311,7 @@ def test_self_negatives_pair_an_entity_with_itself_unless_that_is_a_fact(tmp_pat
     kg = load_kg("umls", tmp_path)
     a, b, c = (kg.entities.index(e) for e in "abc")
     neg = NegativeSampler(kg, 1, 0, 1, 2, seed=0).negatives(0)  # per positive: head, tail, (h, r, h), (t, r, t)
-    assert neg.shape == (3, 4, 3) and not kg.is_known(neg.reshape(-1, 3)).any()
+    assert neg.shape == (3, 4, 3) and not NegativeSampler(kg).is_train(neg.reshape(-1, 3)).any()
     assert neg[0, 3].tolist() == [b, 0, b] and neg[1, 2:].tolist() == [[b, 0, b], [c, 0, c]]
     assert neg[0, 2, :2].tolist() == [a, 0] and neg[2, 2:, 1].tolist() == [0, 0]  # drawn instead of (a, r1, a)
 
@@ -330,8 +346,9 @@ def test_hard_negatives_come_from_the_replaced_entitys_neighbours(tmp_path):
     write_kg(tmp_path, entity2text_txt=ents, train_tsv=train, dev_tsv="e1\tr2\te2\n", test_tsv="e3\tr2\te4\n")
     kg = load_kg("umls", tmp_path)
     near = np.stack([(np.arange(50) + 1) % 50, (np.arange(50) + 2) % 50], 1)  # e's neighbours: e+1, e+2
-    neg = NegativeSampler(kg, 1, 1, 1, seed=0, near=near, hard=1.0).negatives(0)
-    assert not kg.is_known(neg.reshape(-1, 3)).any()
+    sampler = NegativeSampler(kg, 1, 1, 1, seed=0, near=near, hard=1.0)
+    neg = sampler.negatives(0)
+    assert not sampler.is_train(neg.reshape(-1, 3)).any()
     for k, c in ((0, 0), (2, 2)):  # head and tail slots: a neighbour of the entity replaced, unless that is a fact
         from_near = [neg[i, k, c] in near[kg.train[i, c]] for i in range(50)]
         assert np.mean(from_near) > 0.9
@@ -445,9 +462,9 @@ def test_real_umls():
         n = len(want.ids)
         assert batch["input_ids"][i, :n].tolist() == want.ids and batch["token_type_ids"][i, :n].tolist() == want.type_ids
         assert batch["attention_mask"][i].sum() == n
-    # the one valid head of (?, issue_in, occupation_or_discipline) is found; no negative is a fact
-    neg = NegativeSampler(kg, 3, 3, 3, seed=0).negatives(0)
-    assert not kg.is_known(neg.reshape(-1, 3)).any()
+    # the one valid head of (?, issue_in, occupation_or_discipline) is found; no negative is in train
+    sampler = NegativeSampler(kg, 3, 3, 3, seed=0)
+    assert not sampler.is_train(sampler.negatives(0).reshape(-1, 3)).any()
     q = lp_queries(kg)
     assert len(q.target) == 661 and (q.filter_ptr[1:] > q.filter_ptr[:-1]).all()  # each query has its own answer
 
