@@ -196,10 +196,10 @@ def recipe_speed(name, recipes, args, device):
                          share_of_peak=round(flop / t / peak, 4), peak_tflops=round(peak / 1e12, 1)))
         print(f"{recipe:18} {run.batch:5} {run.batch * per:8} {mode:>8} {seqs / t:8,.0f} "
               f"{real / t:11,.0f} {flop / t / 1e12:8.2f} {100 * flop / t / peak:12.1f}% of {peak / 1e12:.1f} "
-              f"TFLOP/s {dtype}", flush=True)  # a row at a time: a run book stopped at its budget keeps the rows done
+              f"TFLOP/s {dtype}", flush=True)  # a row at a time: a GPU call stopped at its budget keeps the rows done
     if len(rate) > 1:
         first, best = list(rate)[0], max(rate, key=rate.get)  # the rows' order is the caller's: the fastest is named
-        print(f"fastest {best} / {first}: x{rate[best] / rate[first]:.2f} seq/s, {rate[best]:,.0f} seq/s (issue 41's goal "
+        print(f"fastest {best} / {first}: x{rate[best] / rate[first]:.2f} seq/s, {rate[best]:,.0f} seq/s (the goal "
               "on a GPU: >= 40k)")
     return rows
 

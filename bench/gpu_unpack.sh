@@ -1,5 +1,5 @@
 #!/bin/bash
-# On the GPU machine: the parts from bench/lease_pack.sh, gathered in /tmp/m, -> MiniLM in /tmp/pk, data in /tmp/data.
+# On the GPU machine: the parts from bench/gpu_pack.sh, gathered in /tmp/m, -> MiniLM in /tmp/pk, data in /tmp/data.
 set -euo pipefail
 mkdir -p /tmp/u /tmp/pk /tmp/data
 cat /tmp/m/part-* | tar -x -C /tmp/u

@@ -1,4 +1,4 @@
-"""Measure --predict's shortlist (predict.Shortlist) against the exact ranking (issue 43): truth, then the list.
+"""Measure --predict's shortlist (predict.Shortlist) against the exact ranking: truth, then the list.
 
     python bench/shortlist.py exact --data fb15k-237 --triples 100      # 200 dev queries (both sides), resumable
     python bench/shortlist.py exact --data wn18rr --triples 25          # 50 queries, ~3 min each on 2 cores
@@ -166,7 +166,7 @@ def latency(args):
         print(f"{row['q']}: {seconds[-1]:.2f} s" + (" (built " + ", ".join(w for w, _ in short.built) + ")"
                                                      if short.built else ""), flush=True)
         short.built.clear()
-        if args.baseline:  # stop 44's design on the same query right after: the CPU's speed of the day cancels
+        if args.baseline:  # the earlier design on the same query right after: the speed of the day cancels
             design = short.rounds, short.patience, short.size, evaluate.MIN_ROWS
             short.rounds, short.patience, short.size, evaluate.MIN_ROWS = 5, 0, 1000, 1
             t = time.time()
@@ -236,7 +236,7 @@ def variants(args):
     table = {}
     print(f"{kg.name}: {len(queries)} queries; exact top 10 recovered (candidates scored: median) by each design")
     designs = [(5, 15, 0), (10, 15, 0), (10, 10, 2), (10, 15, 1), (10, 15, 2), (10, 15, 3), (10, 20, 2)]
-    for short.rounds, short.settle, short.patience in designs:  # (stop 44 shipped the first, never stopping early)
+    for short.rounds, short.settle, short.patience in designs:  # (the first: the earlier design, never stopping early)
         row = {}
         for short.size in args.sizes:
             got = []
@@ -293,7 +293,7 @@ def main(argv=None):
     la.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])
     la.add_argument("--size", type=int, default=predict.SIZE)
     la.add_argument("--queries", type=int, default=50, help="the first N measured queries")
-    la.add_argument("--baseline", action="store_true", help="also stop 44's design (5 rounds of 1,000, batches of "
+    la.add_argument("--baseline", action="store_true", help="also the earlier design (5 rounds of 1,000, batches of "
                     "any size) on each query, one after the other")
     po = sub.add_parser("pool", help="score a pool of each measured query, for variants (resumable)")
     po.add_argument("--data", required=True, choices=["fb15k-237", "wn18rr", "umls"])

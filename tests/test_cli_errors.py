@@ -441,7 +441,7 @@ def test_a_kill_between_the_epoch_end_writes_resumes_from_the_state_to_the_unint
         {k: v for k, v in meta(world.root / "run" / "state.safetensors").items() if k not in ("train_wall_s", "run")}
 
 
-@pytest.mark.parametrize("ckpt", ["kept", "absent"])  # absent: a lease brings a run back without it (the run book)
+@pytest.mark.parametrize("ckpt", ["kept", "absent"])  # absent: a GPU call brings a run back without it
 def test_a_finished_run_resumed_again_trains_nothing_and_changes_no_checkpoint(world, tmp_path, ckpt):
     shutil.copytree(world.root / "run", tmp_path / "run")
     if ckpt == "absent":

@@ -292,7 +292,7 @@ def test_a_stopped_ranking_leaves_an_estimate_for_a_smaller_limit(lp_root, tiny_
 
 
 def test_ctrl_c_while_ranking_keeps_every_finished_query(lp_root, tiny_bert, tmp_path, monkeypatch):
-    """SIGINT (Ctrl-C, or the GPU run book at its budget) mid-ranking: the queries done are saved, the rerun scores
+    """SIGINT (Ctrl-C, or bench/gpu_call.py at its budget) mid-ranking: the queries done are saved, the rerun scores
     only the rest."""
     monkeypatch.chdir(tmp_path)
     common = ["--lp", "--data", "umls", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 10, "--limit", 3]

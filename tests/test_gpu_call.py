@@ -1,5 +1,5 @@
-"""bench/gpu_runbook.py: how a lease's training shares its budget, and --smoke: every step of the run book, tiny, on
-CPU, with the flags a lease runs (issues 19, 41)."""
+"""bench/gpu_call.py: how one GPU call's training shares its budget, and --smoke: every step of the call, tiny, on
+CPU, with the flags a GPU call runs."""
 import argparse, json, os, subprocess, sys, tarfile
 from pathlib import Path
 import pytest
@@ -12,10 +12,10 @@ DATA = Path(os.environ.get("PALT_DATA") or ROOT.parent / "shared" / "data")
 @pytest.mark.skipif(not (DATA / "umls").is_dir(), reason="needs the umls data ($PALT_DATA or ../shared/data)")
 def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     env = dict(os.environ, PALT_DATA=str(DATA))
-    p = subprocess.run([sys.executable, "bench/gpu_runbook.py", "--smoke", "--out", str(tmp_path / "out"), "--work",
+    p = subprocess.run([sys.executable, "bench/gpu_call.py", "--smoke", "--out", str(tmp_path / "out"), "--work",
                         str(tmp_path / "work")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert p.returncode == 0, p.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "runbook.json").read_text())
+    report = json.loads((tmp_path / "out" / "gpu_call.json").read_text())
     pytest_run, ddp_train, ddp_rank = report["tests"]
     assert report["smoke"] and pytest_run["returncode"] == 0 and "passed" in pytest_run["summary"]
     assert "--device cpu" in pytest_run["command"] and ddp_train["returncode"] == ddp_rank["returncode"] == 0
@@ -27,7 +27,7 @@ def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     assert [r[:3] for r in rows] == [["cpu", "32", "128"], ["cpu@64", "64", "256"]], rows  # RECIPE@N: at batch N
     attention = bench_train["output"].split("attention: one layer's forward + backward")[1].splitlines()
     assert attention[2].split()[0] == "32" and attention[2].split()[4] != "-", attention  # the math kernel: timed
-    [train] = report["train"]  # the lease's run: --recipe gpu --cudagraphs (on a CPU: compiled), stopped by its step
+    [train] = report["train"]  # the call's run: --recipe gpu --cudagraphs (on a CPU: compiled), stopped by its step
     assert train["returncode"] == 0 and train["finished"] and train["rank"]["returncode"] == 0, train  # limit, ranked
     assert "--cudagraphs" in train["command"], train["command"]
     assert "umls-gpu/state.safetensors" in tarfile.open(tmp_path / "out" / "train-umls.tar").getnames()
@@ -40,26 +40,26 @@ def test_the_smoke_run_does_every_step_and_writes_json(tmp_path):
     assert result["counts"]["ranked_triples"] == 2 and result["ckpt"] == "weights/palt-umls-minilm.safetensors"
 
 
-def runbook(tmp_path, monkeypatch, run_for):
-    """The run book with no committed runs (ROOT is tmp_path) and run_for faked; a lease's train-step arguments."""
+def gpu_call(tmp_path, monkeypatch, run_for):
+    """bench/gpu_call.py with no committed runs (ROOT is tmp_path) and run_for faked; a call's train-step arguments."""
     sys.path.insert(0, str(ROOT / "bench"))
-    import gpu_runbook
-    monkeypatch.setattr(gpu_runbook, "ROOT", tmp_path)
-    monkeypatch.setattr(gpu_runbook, "run_for", run_for)
-    return gpu_runbook, argparse.Namespace(graphs=["wn18rr", "fb15k-237"], work=str(tmp_path / "work"),
+    import gpu_call
+    monkeypatch.setattr(gpu_call, "ROOT", tmp_path)
+    monkeypatch.setattr(gpu_call, "run_for", run_for)
+    return gpu_call, argparse.Namespace(graphs=["wn18rr", "fb15k-237"], work=str(tmp_path / "work"),
                                            out=str(tmp_path), data_dir="d", smoke=False, rank_limit=5)
 
 
-def test_a_lease_trains_the_graphs_in_turn_the_first_with_the_whole_training_budget(tmp_path, monkeypatch):
+def test_a_call_trains_the_graphs_in_turn_the_first_with_the_whole_training_budget(tmp_path, monkeypatch):
     asked = []  # (graph, seconds given); each fake run returns at once, as if stopped
-    rb, args = runbook(tmp_path, monkeypatch, lambda cmd, seconds: asked.append((cmd[3], seconds)) or (None, "stopped"))
+    rb, args = gpu_call(tmp_path, monkeypatch, lambda cmd, seconds: asked.append((cmd[3], seconds)) or (None, "stopped"))
     rows = rb.train_runs(args, lambda: 600.0)  # 600 s left: 120 kept for the tars and the rank step
     assert [name for name, _ in asked] == ["wn18rr", "fb15k-237"] and 479 < asked[0][1] <= 480, asked
     assert [r["returncode"] for r in rows] == [None, None] and not any(r["finished"] for r in rows)
 
 
-def test_a_lease_without_a_minute_to_train_skips_each_graph_and_starts_nothing(tmp_path, monkeypatch):
-    rb, args = runbook(tmp_path, monkeypatch, lambda *a: pytest.fail("started a run without the time for it"))
+def test_a_call_without_a_minute_to_train_skips_each_graph_and_starts_nothing(tmp_path, monkeypatch):
+    rb, args = gpu_call(tmp_path, monkeypatch, lambda *a: pytest.fail("started a run without the time for it"))
     rows = rb.train_runs(args, lambda: 170.0)  # 50 s after the 120 kept
     assert [r.get("skipped") for r in rows] == ["no time left in the call's budget"] * 2
     assert not (tmp_path / "work").exists() and not list(tmp_path.glob("*.tar"))
@@ -67,7 +67,7 @@ def test_a_lease_without_a_minute_to_train_skips_each_graph_and_starts_nothing(t
 
 def test_a_run_trained_and_ranked_in_an_earlier_call_gives_its_time_to_the_next(tmp_path, monkeypatch):
     asked = []
-    rb, args = runbook(tmp_path, monkeypatch, lambda cmd, seconds: asked.append((cmd[3], seconds)) or (None, "stopped"))
+    rb, args = gpu_call(tmp_path, monkeypatch, lambda cmd, seconds: asked.append((cmd[3], seconds)) or (None, "stopped"))
     (tmp_path / "work" / "wn18rr-gpu").mkdir(parents=True)
     (tmp_path / "work" / "wn18rr-gpu" / "rank.json").write_text(json.dumps({"counts": {"ranked_triples": 5}}))
     rows = rb.train_runs(args, lambda: 600.0)
@@ -79,9 +79,9 @@ def test_a_run_ranked_short_of_the_limit_is_ranked_further_without_training(tmp_
     """A committed run with a rank.json is trained (rank.json is written after the training): a larger --rank-limit
     starts evaluate.py only, so a finished run's folder needs no state.safetensors (train.py would refuse it)."""
     asked = []
-    rb, args = runbook(tmp_path, monkeypatch, lambda cmd, seconds: asked.append(cmd[1:4]) or (None, "stopped"))
-    (tmp_path / "results" / "lease" / "wn18rr-gpu").mkdir(parents=True)  # no state.safetensors: only ranks
-    rank = tmp_path / "results" / "lease" / "wn18rr-gpu" / "rank.json"
+    rb, args = gpu_call(tmp_path, monkeypatch, lambda cmd, seconds: asked.append(cmd[1:4]) or (None, "stopped"))
+    (tmp_path / "results" / "gpu" / "wn18rr-gpu").mkdir(parents=True)  # no state.safetensors: only ranks
+    rank = tmp_path / "results" / "gpu" / "wn18rr-gpu" / "rank.json"
     rank.write_text(json.dumps({"counts": {"ranked_triples": 3}}))
     rows = rb.train_runs(args, lambda: 600.0)
     assert asked[0] == ["evaluate.py", "--lp", "--data"] and asked[1][0] == "train.py", asked  # then fb15k-237 trains
@@ -90,10 +90,10 @@ def test_a_run_ranked_short_of_the_limit_is_ranked_further_without_training(tmp_
 
 def test_the_rank_step_skips_an_adapter_whose_committed_ranks_hold_the_asked_triples(tmp_path, monkeypatch):
     """A shipped adapter whose committed ranks (state and JSON) already hold --rank-limit triples starts no
-    evaluate.py (its load and compile would cost a lease ~15 s for nothing); one short of them is ranked, from its
+    evaluate.py (its load and compile would cost a GPU call ~15 s for nothing); one short of them is ranked, from its
     committed state. (An adapter without a state, such as UMLS's full ranking, is ranked afresh: the smoke run.)"""
     asked = []
-    rb, args = runbook(tmp_path, monkeypatch, lambda cmd, seconds: asked.append(cmd) or (0, "ranked"))
+    rb, args = gpu_call(tmp_path, monkeypatch, lambda cmd, seconds: asked.append(cmd) or (0, "ranked"))
     for name, ranked in (("wn18rr", 5), ("fb15k-237", 4)):
         (tmp_path / "weights").mkdir(exist_ok=True)
         (tmp_path / "weights" / f"palt-{name}-minilm.safetensors").write_bytes(b"adapter")
@@ -108,7 +108,7 @@ def test_the_rank_step_skips_an_adapter_whose_committed_ranks_hold_the_asked_tri
 
 @pytest.mark.parametrize("graphs_row, tests_pass, chosen", [(30000, True, True), (21000, True, False),
                                                             (30000, False, False), (None, True, False)])
-def test_the_speed_step_gives_the_lease_cuda_graphs_only_where_they_pay_and_pass_their_tests(
+def test_the_speed_step_gives_the_training_cuda_graphs_only_where_they_pay_and_pass_their_tests(
         tmp_path, monkeypatch, graphs_row, tests_pass, chosen):
     """gpu:cudagraphs at >= 1.15x gpu (20,000 seq/s here) and its tests passing on the device: the decision the
     training reads. Below the gain, or with the row missing (the bench stopped before it), no test starts."""
@@ -122,7 +122,7 @@ def test_the_speed_step_gives_the_lease_cuda_graphs_only_where_they_pay_and_pass
             return 0, rows + "\nattention: one layer's forward + backward\n 48  gpu:cudagraphs 1 2 3 99,999\n"
         return (0, "3 passed") if tests_pass else (1, "1 failed, 2 passed")
 
-    rb, args = runbook(tmp_path, monkeypatch, run_for)
+    rb, args = gpu_call(tmp_path, monkeypatch, run_for)
     bench, decision = rb.speed(args, lambda: 600.0)
     assert decision["cudagraphs"] is chosen and decision["rates"]["gpu"] == 20000
     assert json.loads((tmp_path / "work" / "cudagraphs.json").read_text())["cudagraphs"] is chosen
@@ -132,7 +132,7 @@ def test_the_speed_step_gives_the_lease_cuda_graphs_only_where_they_pay_and_pass
                                                              "cudagraphs or dropout_in_the_compiled"], asked[1]
 
 
-def test_the_lease_trains_with_cuda_graphs_when_chosen_and_without_them_after_a_crash(tmp_path, monkeypatch):
+def test_the_call_trains_with_cuda_graphs_when_chosen_and_without_them_after_a_crash(tmp_path, monkeypatch):
     """The speed step's cudagraphs.json adds --cudagraphs; a step that dies (a traceback) resumes without graphs,
     and if that dies too, eager (--no-compile); a run stopped at the budget is not retried."""
     asked = []
@@ -142,7 +142,7 @@ def test_the_lease_trains_with_cuda_graphs_when_chosen_and_without_them_after_a_
         asked.append(cmd)
         return crash if cmd[3] == "wn18rr" else (None, "stopped")
 
-    rb, args = runbook(tmp_path, monkeypatch, run_for)
+    rb, args = gpu_call(tmp_path, monkeypatch, run_for)
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "cudagraphs.json").write_text(json.dumps({"cudagraphs": True}))
     rows = rb.train_runs(args, lambda: 600.0)

@@ -51,7 +51,7 @@ def test_train_and_evaluate_take_scores_off_the_device_in_one_place(world, on_de
     root, base = world
     common = ["--model", str(base), "--data-dir", str(root / "data"), "--prompts", "2,1,1", "--negatives", "1,1,1",
               "--batch", "6", "--lr", "3e-3", "--epochs", "1", "--dtype", "fp32"]
-    # a big graph's dev signal (the stratified estimate: the crash of issue 41), and triple classification's
+    # a big graph's dev signal (the stratified estimate, which once crashed on CUDA), and triple classification's
     train.main(train.parse_args(["--data", "umls", "--out", str(tmp_path / "lp"), "--dev-near", "3",
                                  "--dev-sample", "2", *common]))
     train.main(train.parse_args(["--data", "wn11", "--out", str(tmp_path / "tc"), *common]))

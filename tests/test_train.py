@@ -125,9 +125,9 @@ def test_a_recipe_fills_only_what_the_command_line_leaves_open():
     cpu_umls = train.PRESETS["cpu"]["umls"]
     assert (gpu.batch, gpu.lr, gpu.compile) == (cpu_umls["batch"], cpu_umls["lr"], True)  # the cpu recipe, compiled
     assert train.parse_args(["--data", "umls", "--recipe", "gpu", "--no-compile"]).compile is False
-    lease = train.parse_args(["--data", "wn18rr", "--recipe", "gpu"])
-    assert (lease.epochs, lease.hard_negatives) == (10, 0.5)  # a lease trains the paper's epochs, the sweep's choice
-    assert lease.dev_every == 2500 and "dev_every" in train.RESUME_MAY_CHANGE  # the committed runs resume with it
+    gpu = train.parse_args(["--data", "wn18rr", "--recipe", "gpu"])
+    assert (gpu.epochs, gpu.hard_negatives) == (10, 0.5)  # a GPU trains the paper's epochs, the sweep's choice
+    assert gpu.dev_every == 2500 and "dev_every" in train.RESUME_MAY_CHANGE  # the committed runs resume with it
     assert train.parse_args(["--data", "wn18rr", "--recipe", "gpu", "--hard-negatives", "0"]).hard_negatives == 0
     assert cpu.hard_negatives == 0.0  # a recipe without them: none
     paper = train.parse_args(["--data", "wn18rr"])
@@ -256,7 +256,7 @@ def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
 
 
 def test_a_signal_ends_the_run_after_the_step_under_way_and_resume_reaches_the_same_end(setup, tmp_path, monkeypatch):
-    """Ctrl-C or a kill (SIGINT, SIGTERM; a GPU lease's time running out): the step finishes, its weights and resume
+    """Ctrl-C or a kill (SIGINT, SIGTERM; a GPU call's time running out): the step finishes, its weights and resume
     state are saved, the run ends; --resume then trains to what an uninterrupted run gives."""
     pinned = ("--epochs", "3", "--dtype", "fp32")
     straight = train.main(train.parse_args(args(setup, tmp_path / "straight", *pinned)))
