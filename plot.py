@@ -288,8 +288,8 @@ def parse_log(text, name):
             continue
         m = DEV_LINE.match(line)
         if m:
-            after, at, epoch, rest = m.groups()
-            point = dev_point(int(at) if at else step, float(epoch) if epoch else float(after), rest)
+            after, at, fraction, rest = m.groups()
+            point = dev_point(int(at) if at else step, float(fraction) if fraction else float(after), rest)
             if "metric" in point:
                 curve.dev.append(point)
     for d in curve.dev:  # an old log's first lines may lack the candidates: its later lines tell
@@ -514,8 +514,8 @@ def parse_args(argv=None):
     cur.add_argument("--logx", action="store_true", help="steps on a log scale (runs of very different lengths)")
     cur.add_argument("--out", required=True, help="the PNG to write")
     args = ap.parse_args(argv)
-    if not args.out.lower().endswith(".png"):
-        ap.error(f"--out {args.out}: give a .png file")
+    if not args.out.lower().endswith(".png") or Path(args.out).is_dir():
+        ap.error(f"--out {args.out}: give the path of a .png file")
     if args.command == "curve" and args.names and len(args.names.split(",")) != len(args.runs):
         ap.error(f"--names gives {len(args.names.split(','))} names for {len(args.runs)} runs")
     if args.command == "attention" and args.data:
@@ -524,8 +524,8 @@ def parse_args(argv=None):
 
 
 def attention(args):
-    """plot.py attention: check both sources (seconds), load them, run the triple, draw, write; a summary printed."""
-    plt = need_pyplot()
+    """plot.py attention: check both sources and the triple (seconds), then that matplotlib is there, load the
+    models, run the triple, draw, write; a summary of the chosen token's attention printed."""
     main_run = source_run(args, args.ckpt, args.model)
     checked = [(main_run, *check_source(main_run))]
     if args.compare:
@@ -537,6 +537,7 @@ def attention(args):
         checked.append((other, *check_source(other)))
     for _, _, kg in checked:  # a bad entity or relation before any model loads
         resolve_triple(kg, *args.triple)
+    plt = need_pyplot()
     sources = [load_source(*c) for c in checked]
     views = [triple_view(s, *args.triple, args.layers, args.token) for s in sources]
     for view, src in zip(views, sources):
@@ -551,11 +552,11 @@ def attention(args):
 
 
 def curve(args):
-    """plot.py curve: read every run first (a bad path costs nothing), then draw and write."""
-    plt = need_pyplot()
+    """plot.py curve: read every run first, then draw and write."""
     files.check_writable(Path(args.out).parent, f"--out {args.out}")
     names = args.names.split(",") if args.names else [None] * len(args.runs)
     curves = [read_curve(path, name) for path, name in zip(args.runs, names)]
+    plt = need_pyplot()
     for c in curves:
         best = max(c.dev, key=lambda d: d["value"]) if c.dev else None
         print(f"{c.name}: {len(c.loss)} loss points to step {c.loss[-1][0]:,} of {c.total:,}, {len(c.dev)} dev "
@@ -574,6 +575,8 @@ def main(argv=None):
             curve(args)
     except (data.DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise SystemExit(f"error: {e}") from None
+    except OSError as e:  # the PNG could not be written (disk full, permissions): no partial file is left
+        raise SystemExit(f"error: cannot write {args.out} ({e.strerror or e})") from None
 
 
 if __name__ == "__main__":
