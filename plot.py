@@ -381,7 +381,7 @@ def draw_attention(plt, views, sources, matrices=False):
                 mark_tokens(ax, view)
                 note = f"\n({src.note})" if src.note else ""
                 ax.set_title(f"{src.label}{note}\nlayer {layer + 1} of {view['n_layers']}: attention of "
-                             f"{view['labels'][view['token']]} per head", fontsize=9, pad=12)
+                             f"{view['labels'][view['token']]} per head", fontsize=9, pad=16)
     scores = "; ".join(f"{s.name}: score {v['score']:+.2f}" for v, s in zip(views, sources))
     legend = ("rows attend to columns (0 to 1); white lines at the prompt slots and [SEP]" if matrices else
               "tokens: prompt slots orange, head black, relation green, tail blue (segment B, bar), [CLS]/[SEP] "
@@ -423,11 +423,12 @@ def draw_curves(plt, curves, logx=False):
     fig, axes = plt.subplots(1, 3 if hits else 2, figsize=(15 if hits else 11, 4.6), squeeze=False)
     axes = axes[0]
     metrics = sorted({d["metric"] for c in curves for d in c.dev})
+    runs = []  # the loss lines: the legend's entries, one a run
     for k, c in enumerate(curves):
         colour = f"C{k}"
         kind = {"sampled": "dev: sampled candidates", "estimate": "dev: stratified estimate",
                 "all": "dev: all candidates", "accuracy": "dev accuracy"}.get(c.kind(), "no dev points")
-        axes[0].plot(*c.loss_line(), color=colour, lw=1, label=f"{c.name} ({kind})")
+        runs += axes[0].plot(*c.loss_line(), color=colour, lw=1, label=f"{c.name} ({kind})")
         if not c.dev:
             continue
         x = [d["step"] for d in c.dev]
@@ -436,14 +437,13 @@ def draw_curves(plt, curves, logx=False):
         best = max(c.dev, key=lambda d: d["value"])
         axes[1].plot(best["step"], best["value"], "*", color=colour, ms=14, mec="black")
         axes[1].annotate(f"{best['value']:.3f}", (best["step"], best["value"]), textcoords="offset points",
-                         xytext=(6, 6), fontsize=8, color=colour)
+                         xytext=(-9, 5), ha="right", fontsize=8, color=colour)
         with_hits = [d for d in c.dev if "hits@10" in d]
         if hits and with_hits:
             axes[2].plot([d["step"] for d in with_hits], [d["hits@10"] for d in with_hits], "o" + style,
                          color=colour, ms=3, lw=1)
     axes[0].set_ylabel("train loss as logged\n(mean since the epoch's start or a resume)")
     axes[1].set_ylabel("dev " + " / ".join("MRR" if m == "mrr" else m for m in metrics))
-    axes[0].legend(fontsize=8, loc="upper right")
     if any(c.dev for c in curves):
         axes[1].legend(fontsize=8, loc="lower right")
     if hits:
@@ -453,8 +453,9 @@ def draw_curves(plt, curves, logx=False):
         ax.grid(alpha=0.3)
         if logx:
             ax.set_xscale("log")
-    fig.suptitle("training: " + ", ".join(c.name for c in curves) + "   (star: the best dev point)", fontsize=10)
-    fig.tight_layout()
+    fig.suptitle("training curves (star: the best dev point)", fontsize=10)
+    fig.legend(handles=runs, loc="upper center", bbox_to_anchor=(0.5, 0.95), ncol=1, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93 - 0.045 * len(curves)))
     return fig
 
 
