@@ -1,18 +1,21 @@
 """Pictures of PALT: where a model's attention goes on one triple, and how a training run went.
 
-    python plot.py attention evening_clothes "type of" attire --data wn11 --out att.png   (the shipped adapter)
-    python plot.py attention virus causes disease --compare minilm --out att.png   (beside the plain model)
+    python plot.py attention "evening clothes" "type of" attire --data wn11 --out a.png
+    python plot.py attention virus causes disease --compare minilm --out a.png   (beside plain)
     python plot.py curve runs/umls-minilm results/palt-umls-minilm.train.log --out curve.png
 
-attention: the triple's sequence [CLS] P*b head relation P*m [SEP] tail P*e [SEP] run step by step through the
-model's own modules (PALT's prompts, Eq. 1 and Eq. 2 included); at the chosen layers the weights
-softmax(q k^T / sqrt(d_head) + mask) from that layer's own q and k, the weights its scaled_dot_product_attention
-applies (tests/test_plot.py holds weights @ v to it). Entities and relations by id or text, as --predict takes them;
---data, --ckpt and --model as evaluate.py takes them (default: umls and its shipped adapter). --compare: a second
-checkpoint or run folder, or a base model (minilm, bert-base-uncased, a model folder) run zero-shot, drawn beside.
-curve: train.py's log lines (log.txt of a run folder, or a results/*.train.log): the train loss as logged (the mean
-since the epoch's start) and the dev metric against steps, the best dev point starred, several runs overlaid.
-matplotlib is optional: pip install matplotlib.
+attention: the triple's sequence [CLS] P*b head relation P*m [SEP] tail P*e [SEP] is run step by
+step through the model's own modules (PALT's prompts, Eq. 1 and Eq. 2 included); at the chosen
+layers (default: the first, the middle and the last) each head's weights softmax(q k^T / sqrt(d) +
+mask), from that layer's own q and k: the weights its scaled_dot_product_attention applies
+(tests/test_plot.py holds weights @ v to it). Drawn: the attention of [CLS] (--token: another
+token's) per head, or with --matrices every head's whole matrix. Entities and relations by id or
+text, as --predict takes them; --data, --ckpt and --model as evaluate.py takes them (default: umls
+and its shipped adapter). --compare: a second checkpoint or run folder, or a base model (minilm,
+bert-base-uncased, a model folder) zero-shot, drawn beside.
+curve: train.py's log (a run folder's log.txt, or a results/*.train.log): the train loss as
+logged (the mean since the epoch's start or a resume) and the dev metric against steps, the best
+dev point starred, several runs overlaid. matplotlib is optional: pip install matplotlib.
 """
 import argparse
 import math
@@ -33,35 +36,39 @@ import palt
 import predict
 
 DPI = 100
-PART_COLOURS = {"[CLS]": "grey", "[SEP]": "grey", "prompt": "darkorange", "head": "black", "relation": "green",
-                "head+relation": "black", "tail": "royalblue"}
+PART_COLOURS = {"[CLS]": "grey", "[SEP]": "grey", "prompt": "darkorange", "head": "black",
+                "relation": "green", "head+relation": "black", "tail": "royalblue"}
+DEV_KINDS = {"sampled": "dev: sampled candidates", "estimate": "dev: stratified estimate",
+             "all": "dev: all candidates", "accuracy": "dev accuracy"}
 NO_MATPLOTLIB = "plot.py needs matplotlib: pip install matplotlib"
 
 
-# ----------------------------------------------------------------------------- attention weights
+# ------------------------------------------------------------------------- attention weights
 def attention_weights(layer, h, mask):
-    """(B, n_head, L, L) softmax(q k^T / sqrt(d_head) + mask): the weights the layer's scaled_dot_product_attention
-    applies to v, from its own q and k projections of its input h (B, L, H); mask as bert.attention_mask_bias."""
+    """(B, n_head, L, L) softmax(q k^T / sqrt(d_head) + mask): the weights the layer's
+    scaled_dot_product_attention applies to v, from its own q and k projections of its input h
+    (B, L, H); mask as bert.attention_mask_bias makes it (True: a key that may be attended)."""
     B, L, H = h.shape
     d = H // layer.n_head
     q = layer.q(h).view(B, L, layer.n_head, d).transpose(1, 2)  # (B, n_head, L, d)
     k = layer.k(h).view(B, L, layer.n_head, d).transpose(1, 2)
     logits = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, n_head, L, L)
     if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))  # -inf where a key may not be attended: weight 0
+        logits = logits.masked_fill(~mask, float("-inf"))  # a key not to attend: weight 0
     return logits.softmax(-1)
 
 
 @torch.inference_mode()
 def forward_with_attention(model, batch, layers):
-    """(NSP logits (B, 2), {layer: attention weights}, {layer: its input h}) of a PALT model, step by step as
-    PALT.forward computes them (prompts, Eq. 1, the layers' sublayers, Eq. 2, the head): the weights are read at the
-    chosen layers only, and the fast path (SDPA) is left as it is."""
+    """(NSP logits (B, 2), {layer: attention weights}, {layer: its input h}) of a PALT model,
+    step by step as PALT.forward computes them (prompts, Eq. 1, each layer's two sublayers, Eq. 2,
+    the head). The weights are computed at the chosen layers only, beside the fast path (SDPA),
+    which runs as it always does."""
     bert_ = model.bert
     x = bert_.embeddings.word(batch["input_ids"])  # (B, L, H)
     if model.prompts is not None:
-        P = model.prompts if model.prompt_mlp is None else model.prompt_mlp(model.prompts)  # (n_p, H)
-        prompt_index = batch["prompt_index"]
+        P = model.prompts if model.prompt_mlp is None else model.prompt_mlp(model.prompts)
+        prompt_index = batch["prompt_index"]  # the k-th prompt slot takes P[k]
         x = torch.where(prompt_index[..., None] >= 0, P[prompt_index.clamp(min=0)], x)
     if model.W_p is not None:
         x = x + model.W_p(x)  # Eq. 1
@@ -79,29 +86,30 @@ def forward_with_attention(model, batch, layers):
     return logits, weights, inputs
 
 
-# ----------------------------------------------------------------------------- models and the triple
+# ------------------------------------------------------------------------- models and the triple
 @dataclass
 class Source:
-    """A model to draw, with what it needs to build its sequence: graph, token ids, prompts, its names."""
-    name: str  # short, in the scores' line
+    """A model to draw, with what it needs to build its sequence: graph, tokenizer, prompts."""
+    name: str  # short: in the line of scores
     label: str  # above its panels
     model: palt.PALT
     kg: data.KG
     tokenizer: object
     prompts: tuple
     max_seq_length: int
-    note: str = ""  # said under the panel title, e.g. that a zero-shot head is random
+    note: str = ""  # under its label, e.g. that a zero-shot NSP head is random
 
 
 def source_run(args, ckpt, model):
-    """The namespace evaluate.py's checks and loaders read, for one model (ckpt or base model) on args' data."""
-    return argparse.Namespace(task="predict", ckpt=ckpt, model=model, data=args.data, data_dir=args.data_dir,
-                              text=args.text, max_seq_length=None, queries=None, out=args.out, split=None)
+    """The namespace evaluate.py's checks and loaders read, for one model on args' data."""
+    return argparse.Namespace(task="predict", ckpt=ckpt, model=model, data=args.data,
+                              data_dir=args.data_dir, text=args.text, max_seq_length=None,
+                              queries=None, out=args.out, split=None)
 
 
 def compare_spec(spec):
-    """(ckpt, model) of --compare: an existing file or run folder is a checkpoint; a base model's name or folder (one
-    holding model.safetensors) is run zero-shot."""
+    """(ckpt, model) of --compare: an existing file or run folder is a checkpoint; a base model's
+    name or folder (one holding model.safetensors) runs zero-shot."""
     p = Path(spec)
     if p.is_file() or (p.is_dir() and not (p / "model.safetensors").is_file()):
         return spec, None
@@ -112,27 +120,33 @@ def compare_spec(spec):
 
 
 def check_source(run):
-    """(checkpoint metadata or None, graph): evaluate.py's checks before any model loads (a mistake costs seconds)."""
+    """(checkpoint metadata or None, graph): evaluate.py's checks before any model loads, so that
+    a mistake costs seconds."""
     meta, kg, _, _ = evaluate.check_before_loading(run, run.ckpt is None and run.model is None)
     return meta, kg
 
 
 def load_source(run, meta, kg):
-    """The Source of a checked run: a checkpoint as evaluate.py loads it, or a base model zero-shot. A base model
-    without an NSP head (minilm) gets BERT's random initialisation of it, seeded: its attention is the plain
-    encoder's, its score means nothing, and the label says so."""
+    """The Source of a checked run: a checkpoint as evaluate.py loads it, or a base model
+    zero-shot. A base model without an NSP head (minilm) gets BERT's random initialisation of it,
+    seeded: its attention is the plain encoder's, its score means nothing, and its note says so."""
     if run.model is None:
         model, tokenizer, info = evaluate.load_model(run, "cpu")
         label = f"{files.project_path(run.ckpt)} (PALT, trained on {meta['data']})"
-        return Source(Path(run.ckpt).stem, label, model, kg, tokenizer, tuple(info["prompts"]), info["max_seq_length"])
+        return Source(Path(run.ckpt).stem, label, model, kg, tokenizer, tuple(info["prompts"]),
+                      info["max_seq_length"])
     torch.manual_seed(0)
     model, loaded = palt.build_palt(run.model, palt.PaltConfig(**evaluate.ZERO_SHOT))
-    note = "no NSP head: a random one, so its score means nothing" if loaded.new_heads else "zero-shot NSP"
-    return Source(f"{run.model} (plain)", f"{run.model} (plain, no PALT)", model.eval(), kg, loaded.tokenizer, (0, 0, 0), 192, note)
+    note = "zero-shot NSP"
+    if loaded.new_heads:
+        note = "no NSP head: a random one, so its score means nothing"
+    return Source(f"{run.model} (plain)", f"{run.model} (plain, no PALT)", model.eval(), kg,
+                  loaded.tokenizer, (0, 0, 0), 192, note)
 
 
 def resolve_triple(kg, head, relation, tail):
-    """(h, r, t, new entity texts) by id or text as --predict finds them; text:... is an entity not in the graph."""
+    """(h, r, t, new entity texts) by id or text, as --predict finds them; text:... is an entity
+    that is not in the graph."""
     new, ids = [], []
     for what, query in (("entity", head), ("relation", relation), ("entity", tail)):
         if what == "entity" and query.startswith("text:"):
@@ -146,14 +160,15 @@ def resolve_triple(kg, head, relation, tail):
 
 
 def token_parts(src, enc, triple, batch):
-    """(token labels, part of each position): [CLS], prompt, head, relation (head+relation where the text was cut),
-    [SEP], tail; prompt slots are labelled P1, P2, ..."""
+    """(token labels, the part of each position): [CLS], prompt, head, relation (head+relation
+    where the text was cut), [SEP], tail; prompt slots are labelled P1, P2, ..."""
     ids, prompt_index = batch["input_ids"][0].tolist(), batch["prompt_index"][0].tolist()
     types = batch["token_type_ids"][0].tolist()
     n_head = int(enc.ent_off[triple[0] + 1] - enc.ent_off[triple[0]])
-    n_text = sum(1 for i, k in zip(ids, prompt_index) if k < 0 and i not in (enc.cls_id, enc.sep_id))
     n_rel = int(enc.rel_off[triple[1] + 1] - enc.rel_off[triple[1]])
     n_tail = int(enc.ent_off[triple[2] + 1] - enc.ent_off[triple[2]])
+    specials = (enc.cls_id, enc.sep_id)
+    n_text = sum(1 for i, k in zip(ids, prompt_index) if k < 0 and i not in specials)
     whole = n_text == n_head + n_rel + n_tail  # nothing cut: head and relation can be told apart
     labels, parts, seen = [], [], 0
     for pos, (i, k, segment) in enumerate(zip(ids, prompt_index, types)):
@@ -177,38 +192,41 @@ def token_parts(src, enc, triple, batch):
 
 
 def triple_view(src, head, relation, tail, layers, token="[CLS]"):
-    """What one panel column shows: {text, score, labels, parts, layers, n_layers, token (the attending position:
-    a label such as [CLS] or P1, its first occurrence, or a number from 0), weights (n_layers, n_head, L, L)}."""
+    """What one column of panels shows: {text, score, labels, parts, layers, n_layers, token (the
+    attending position: a label such as [CLS] or P1, its first occurrence, or a position from 0),
+    weights (n_layers, n_head, L, L)}."""
     h, r, t, new = resolve_triple(src.kg, head, relation, tail)
     enc = data.encode(src.kg, src.tokenizer, new)
     batch = data.build_batch(enc, [(h, r, t)], src.prompts, src.max_seq_length)
     n_layers = src.model.bert.config.num_hidden_layers
-    chosen = layers or sorted({0, (n_layers - 1) // 2, n_layers - 1})  # the first, the middle and the last
+    chosen = layers or sorted({0, (n_layers - 1) // 2, n_layers - 1})  # first, middle, last
     for i in chosen:
         if not 0 <= i < n_layers:
-            raise SystemExit(f"error: --layers {i + 1}: {src.label} has layers 1 to {n_layers}")
+            raise SystemExit(f"error: --layers {i + 1}: {src.name} has layers 1 to {n_layers}")
     logits, weights, _ = forward_with_attention(src.model.eval(), batch, set(chosen))
     labels, parts = token_parts(src, enc, (h, r, t), batch)
     if token not in labels and not (token.isdigit() and int(token) < len(labels)):
-        raise SystemExit(f"error: --token {token}: not in {src.name}'s sequence ({' '.join(labels)}); "
-                         "give a token or a position from 0")
+        raise SystemExit(f"error: --token {token}: not in {src.name}'s sequence "
+                         f"({' '.join(labels)}); give a token or a position from 0")
     position = labels.index(token) if token in labels else int(token)
     names = src.kg.ent_text + new
-    return {"text": f"({names[h]}, {src.kg.rel_text[r]}, {names[t]})", "score": float(palt.score(logits)[0]),
-            "labels": labels, "parts": parts, "layers": chosen, "n_layers": n_layers, "token": position,
-            "weights": torch.stack([weights[i][0] for i in chosen]).numpy()}  # (n_layers, n_head, L, L)
+    return {"text": f"({names[h]}, {src.kg.rel_text[r]}, {names[t]})",
+            "score": float(palt.score(logits)[0]), "labels": labels, "parts": parts,
+            "layers": chosen, "n_layers": n_layers, "token": position,
+            "weights": torch.stack([weights[i][0] for i in chosen]).numpy()}
 
 
 def part_shares(view, layer_row):
-    """{part: mean over heads of the chosen token's attention on that part}, {part: heads whose largest part it is}."""
+    """{part: the mean over heads of the chosen token's attention on that part}, and {part: the
+    heads whose largest part it is}."""
     row = view["weights"][layer_row][:, view["token"], :]  # (n_head, L)
     names = list(dict.fromkeys(view["parts"]))
-    share = np.stack([row[:, [p == name for p in view["parts"]]].sum(1) for name in names], 1)  # (n_head, parts)
-    top = np.bincount(share.argmax(1), minlength=len(names))
+    share = np.stack([row[:, [p == name for p in view["parts"]]].sum(1) for name in names], 1)
+    top = np.bincount(share.argmax(1), minlength=len(names))  # share: (n_head, parts)
     return dict(zip(names, share.mean(0))), dict(zip(names, top))
 
 
-# ----------------------------------------------------------------------------- train logs
+# ------------------------------------------------------------------------- train logs
 STEP_LINE = re.compile(r"^epoch (\d+)/(\d+) step (\d+)/(\d+) loss (\S+)")
 DEV_LINE = re.compile(r"^dev (?:after epoch (\d+)|at step (\d+) \(epoch ([\d.]+)\)): (.*)$")
 RESUMED_LINE = re.compile(r"^resumed from .*: epoch (\d+), step (\d+)$")
@@ -218,21 +236,23 @@ NUMBERS = {"mrr": r"\bmrr ([\d.]+)", "mr": r"\bMR ([\d.]+)", "hits@10": r"Hits@1
 
 @dataclass
 class Curve:
-    """A run's points as its log wrote them: (step, loss) and dev points {step, epoch, metric, value, ...}."""
+    """A run's points as its log wrote them: (step, loss), and dev points {step, epoch, metric,
+    value, kind, and mrr, mr, hits@10 or accuracy as logged}."""
     name: str
     loss: list = field(default_factory=list)
     dev: list = field(default_factory=list)
     total: int = 0  # the steps the run was scheduled for
-    restarts: list = field(default_factory=list)  # steps after which the logged mean starts again: epoch, resume
+    restarts: list = field(default_factory=list)  # steps where the logged mean starts again
 
     def cut(self, step):
-        """Forget the points after `step`: a resumed run does them again (or a new run appended to the log)."""
+        """Forget the points after `step`: a resumed run does them again (and a new run appended
+        to an old log starts again)."""
         self.loss = [p for p in self.loss if p[0] <= step]
         self.dev = [d for d in self.dev if d["step"] <= step]
         self.restarts = [r for r in self.restarts if r < step]
 
     def loss_line(self):
-        """(steps, losses) with a NaN wherever the logged mean starts again, so that the line breaks there."""
+        """(steps, losses), with a NaN wherever the logged mean starts again: the line breaks."""
         xs, ys = [], []
         for k, (step, loss) in enumerate(self.loss):
             if k and any(self.loss[k - 1][0] <= r < step for r in self.restarts):
@@ -243,13 +263,23 @@ class Curve:
         return xs, ys
 
     def kind(self):
-        """How its dev metric was measured, from its last dev line: sampled candidates, a stratified estimate of the
-        full ranking, every candidate, or accuracy; '' without dev points."""
+        """How its dev metric was measured, by its last dev line: sampled candidates, a stratified
+        estimate of the full ranking, all candidates, or accuracy; '' without dev points."""
         return self.dev[-1]["kind"] if self.dev else ""
 
 
+def dev_kind(rest):
+    """How a dev line's MRR was measured: 'estimate', 'sampled', 'all', or '' where it does not
+    say (the oldest logs' 'mrr 0.27' lines)."""
+    if "estimate" in rest:
+        return "estimate"
+    if "sampled" in rest:
+        return "sampled"
+    return "all" if " on " in rest else ""
+
+
 def dev_point(step, epoch, rest):
-    """A dev point from the rest of a dev line ('mrr 0.85, MR 1.81, Hits@10 0.99 on 300 dev triples ...')."""
+    """A dev point from the rest of a dev line ('mrr 0.85, MR 1.81, Hits@10 0.99 on 300 ...')."""
     point = {"step": step, "epoch": epoch}
     for name, pattern in NUMBERS.items():
         m = re.search(pattern, rest)
@@ -258,24 +288,24 @@ def dev_point(step, epoch, rest):
     if "accuracy" in point:
         point.update(metric="accuracy", value=point["accuracy"], kind="accuracy")
     elif "mrr" in point:
-        kind = "estimate" if "estimate" in rest else "sampled" if "sampled" in rest else "all"
-        point.update(metric="mrr", value=point["mrr"], kind=kind if " on " in rest else "")
+        point.update(metric="mrr", value=point["mrr"], kind=dev_kind(rest))
     return point
 
 
 def parse_log(text, name):
-    """The Curve of train.py's log text: step lines give the loss; 'dev after epoch E' is at the epoch's last
-    (logged) step, 'dev at step S' at S; a resume forgets what followed its step (the steps are done again)."""
+    """The Curve of train.py's log text: step lines give the loss; 'dev after epoch E' is at the
+    epoch's last step (always logged), 'dev at step S' at S; a resume forgets what followed its
+    step (those steps are done again), and the logged mean starts again at a resume or an epoch."""
     curve, step, epoch = Curve(name), 0, None
     for line in text.splitlines():
         line = line.strip()
         m = STEP_LINE.match(line)
         if m:
             s, total, loss = m.group(3, 4, 5)
-            if curve.loss and int(s) <= curve.loss[-1][0]:  # resumed without saying so (older logs): again
+            if curve.loss and int(s) <= curve.loss[-1][0]:  # resumed, unsaid (older logs)
                 curve.cut(int(s) - 1)
                 curve.restarts.append(curve.loss[-1][0] if curve.loss else 0)
-            elif curve.loss and m.group(1) != epoch:  # a new epoch: its mean starts from its first step
+            elif curve.loss and m.group(1) != epoch:  # a new epoch's mean starts afresh
                 curve.restarts.append(curve.loss[-1][0])
             step, curve.total, epoch = int(s), int(total), m.group(1)
             curve.loss.append((step, float(loss)))
@@ -289,33 +319,41 @@ def parse_log(text, name):
         m = DEV_LINE.match(line)
         if m:
             after, at, fraction, rest = m.groups()
-            point = dev_point(int(at) if at else step, float(fraction) if fraction else float(after), rest)
+            if at:
+                point = dev_point(int(at), float(fraction), rest)
+            else:
+                point = dev_point(step, float(after), rest)
             if "metric" in point:
                 curve.dev.append(point)
-    for d in curve.dev:  # an old log's first lines may lack the candidates: its later lines tell
+    for d in curve.dev:  # the oldest logs' first lines lack the candidates: the later ones tell
         d["kind"] = d["kind"] or curve.dev[-1]["kind"]
     return curve
 
 
 def read_curve(path, name=None):
-    """The Curve of a run folder (its log.txt) or of a train log file; named after the folder or the file."""
+    """The Curve of a run folder (its log.txt) or of a train log; named after the run folder, or
+    after the log's file name."""
     p = Path(path)
-    log = p / "log.txt" if p.is_dir() else p
-    if p.is_dir() and not log.is_file():
-        raise SystemExit(f"error: {p}: a folder without log.txt (give a run folder of train.py, or its log)")
-    text = files.read_text(log, data.DataError)[1] if p.exists() else None
-    if text is None:
+    if not p.exists():
         raise SystemExit(f"error: {p}: no such run folder or train log")
-    default = log.parent.name if log.name == "log.txt" else re.sub(r"(\.train)?\.(log|txt)$", "", log.name)
-    curve = parse_log(text, name or default)
+    log = p / "log.txt" if p.is_dir() else p
+    if not log.is_file():
+        raise SystemExit(f"error: {p}: a folder without log.txt (give a run folder of train.py, "
+                         "or its log)")
+    default = re.sub(r"(\.train)?\.(log|txt)$", "", log.name)
+    if log.name == "log.txt":
+        default = log.resolve().parent.name
+    curve = parse_log(files.read_text(log, data.DataError)[1], name or default)
     if not curve.loss:
-        raise SystemExit(f"error: {log}: no training lines ('epoch E/N step S/T loss X ...', as train.py writes)")
+        raise SystemExit(f"error: {log}: no training lines ('epoch E/N step S/T loss X ...', as "
+                         "train.py writes them)")
     return curve
 
 
-# ----------------------------------------------------------------------------- drawing
+# ------------------------------------------------------------------------- drawing
 def pyplot():
-    """matplotlib.pyplot on the Agg backend (files, no window), or None where matplotlib is not installed."""
+    """matplotlib.pyplot on the Agg backend (files, no window); None where matplotlib is not
+    installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -334,69 +372,75 @@ def need_pyplot():
 
 
 def save_png(plt, fig, out):
-    """The figure as a PNG, written atomically (a failure leaves no partial file); the figure is closed."""
+    """The figure as a PNG, written atomically (a failure leaves no partial file); then closed."""
     try:
         files.write_atomic(out, lambda f: fig.savefig(f, format="png", dpi=DPI))
     finally:
         plt.close(fig)
 
 
-def mark_tokens(ax, view, axis="x"):
-    """Token labels on an axis, coloured by part; grey lines around each [SEP]; segment B shaded."""
-    n = len(view["labels"])
-    ticks = ax.set_xticks if axis == "x" else ax.set_yticks
-    ticks(range(n), view["labels"], rotation=90 if axis == "x" else 0, fontsize=7)
-    labels = ax.get_xticklabels() if axis == "x" else ax.get_yticklabels()
-    for label, part in zip(labels, view["parts"]):
+def mark_tokens(ax, view):
+    """The tokens under the x axis, coloured by part; white lines frame each [SEP]; a blue bar
+    above the axes over segment B's text (token type 1: the tail)."""
+    ax.set_xticks(range(len(view["labels"])), view["labels"], rotation=90, fontsize=7)
+    for label, part in zip(ax.get_xticklabels(), view["parts"]):
         label.set_color(PART_COLOURS[part])
         label.set_fontweight("bold" if part in ("[CLS]", "[SEP]", "prompt") else "normal")
-    line = ax.axvline if axis == "x" else ax.axhline
     for pos in [i for i, p in enumerate(view["parts"]) if p == "[SEP]"]:
-        line(pos - 0.5, color="white", lw=1.5)
-        line(pos + 0.5, color="white", lw=1.5)
+        ax.axvline(pos - 0.5, color="white", lw=1.5)
+        ax.axvline(pos + 0.5, color="white", lw=1.5)
     tail = [i for i, p in enumerate(view["parts"]) if p == "tail"]
-    if tail and axis == "x":  # segment B (token type 1): a blue bar over the tail's tokens, just above the axes
-        ax.plot([tail[0] - 0.5, tail[-1] + 0.5], [1.02, 1.02], color="royalblue", lw=4, clip_on=False,
-                transform=ax.get_xaxis_transform())
+    if tail:
+        ax.plot([tail[0] - 0.5, tail[-1] + 0.5], [1.02, 1.02], color="royalblue", lw=4,
+                clip_on=False, transform=ax.get_xaxis_transform())
 
 
 def draw_attention(plt, views, sources, matrices=False):
-    """One column per model, one row per chosen layer: per head (rows) the attention of the chosen token (default
-    [CLS]) over the tokens; with matrices, every head's whole L x L map instead. The triple and the scores on top."""
+    """One column per model, one row per chosen layer: per head (rows) the chosen token's
+    attention over the tokens; with matrices, every head's whole L x L map instead. The triple
+    and each model's score on top."""
     if matrices:
         fig = draw_matrices(plt, views, sources)
+        legend = "rows attend to columns (0 to 1); white lines at the prompt slots and [SEP]"
     else:
-        n_rows, n_head = max(len(v["layers"]) for v in views), max(v["weights"].shape[1] for v in views)
-        L = max(len(v["labels"]) for v in views)
-        width = max(10, len(views) * (1.5 + 0.22 * L))
-        fig, axes = plt.subplots(n_rows, len(views), figsize=(width, n_rows * (0.25 * n_head + 1.9) + 1.2),
-                                 squeeze=False)
-        for col, (view, src) in enumerate(zip(views, sources)):
-            for row, layer in enumerate(view["layers"]):
-                ax = axes[row, col]
-                w = view["weights"][row][:, view["token"], :]  # (n_head, L): the chosen token's row
-                image = ax.imshow(w, cmap="viridis", vmin=0, aspect="auto")
-                fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01)
-                ax.set_yticks(range(len(w)), [f"h{k + 1}" for k in range(len(w))], fontsize=7)
-                mark_tokens(ax, view)
-                note = f"\n({src.note})" if src.note else ""
-                ax.set_title(f"{src.label}{note}\nlayer {layer + 1} of {view['n_layers']}: attention of "
-                             f"{view['labels'][view['token']]} per head", fontsize=9, pad=16)
+        fig = draw_token_rows(plt, views, sources)
+        legend = ("tokens: prompt slots orange, head black, relation green, tail blue (segment B, "
+                  "bar), [CLS]/[SEP] grey; white lines frame [SEP]")
     scores = "; ".join(f"{s.name}: score {v['score']:+.2f}" for v, s in zip(views, sources))
-    legend = ("rows attend to columns (0 to 1); white lines at the prompt slots and [SEP]" if matrices else
-              "tokens: prompt slots orange, head black, relation green, tail blue (segment B, bar), [CLS]/[SEP] "
-              "grey; white lines frame [SEP]")
     fig.suptitle(f"{views[0]['text']}   {scores} (NSP logit margin)\n{legend}", fontsize=10)
     fig.tight_layout()
     return fig
 
 
+def draw_token_rows(plt, views, sources):
+    """Per model (column) and chosen layer (row) a heads x tokens map of the chosen token's
+    attention, with its colour scale."""
+    n_rows = max(len(v["layers"]) for v in views)
+    n_head = max(v["weights"].shape[1] for v in views)
+    L = max(len(v["labels"]) for v in views)
+    size = (max(10, len(views) * (1.5 + 0.22 * L)), n_rows * (0.25 * n_head + 1.9) + 1.2)
+    fig, axes = plt.subplots(n_rows, len(views), figsize=size, squeeze=False)
+    for col, (view, src) in enumerate(zip(views, sources)):
+        for row, layer in enumerate(view["layers"]):
+            ax = axes[row, col]
+            w = view["weights"][row][:, view["token"], :]  # (n_head, L): the chosen token's row
+            image = ax.imshow(w, cmap="viridis", vmin=0, aspect="auto")
+            fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01)
+            ax.set_yticks(range(len(w)), [f"h{k + 1}" for k in range(len(w))], fontsize=7)
+            mark_tokens(ax, view)
+            note = f"\n({src.note})" if src.note else ""
+            ax.set_title(f"{src.label}{note}\nlayer {layer + 1} of {view['n_layers']}: attention "
+                         f"of {view['labels'][view['token']]} per head", fontsize=9, pad=16)
+    return fig
+
+
 def draw_matrices(plt, views, sources):
-    """Every head's whole attention matrix (rows attend to columns): a row of heads per model and chosen layer,
-    white lines at the prompt slots and [SEP]."""
+    """Every head's whole attention matrix (rows attend to columns): a row of heads per model and
+    chosen layer; white lines at the prompt slots and [SEP]."""
     n_rows = sum(len(v["layers"]) for v in views)
     n_head = max(v["weights"].shape[1] for v in views)
-    fig, axes = plt.subplots(n_rows, n_head, figsize=(max(10, 1.4 * n_head), 1.6 * n_rows + 1.2), squeeze=False)
+    size = (max(10, 1.4 * n_head), 1.6 * n_rows + 1.2)
+    fig, axes = plt.subplots(n_rows, n_head, figsize=size, squeeze=False)
     row = 0
     for view, src in zip(views, sources):
         lines = [i for i, p in enumerate(view["parts"]) if p in ("[SEP]", "prompt")]
@@ -404,7 +448,7 @@ def draw_matrices(plt, views, sources):
             for k, ax in enumerate(axes[row]):
                 ax.set_xticks([])
                 ax.set_yticks([])
-                if k >= len(w):
+                if k >= len(w):  # a model with fewer heads than the other
                     continue
                 ax.imshow(w[k], cmap="viridis", vmin=0, vmax=1)
                 ax.set_title(f"h{k + 1}", fontsize=7)
@@ -417,8 +461,9 @@ def draw_matrices(plt, views, sources):
 
 
 def draw_curves(plt, curves, logx=False):
-    """Train loss, the dev metric (MRR or accuracy) and dev Hits@10 (where logged) against steps; each run a colour,
-    its best dev point starred, its dev kind (sampled, estimate, all candidates) in the legend."""
+    """Train loss, the dev metric (MRR or accuracy) and dev Hits@10 (where logged) against steps;
+    a colour per run, its best dev point starred; a sampled dev metric dashed (it flatters: not
+    the scale of an estimate of the full ranking)."""
     hits = any("hits@10" in d for c in curves for d in c.dev)
     fig, axes = plt.subplots(1, 3 if hits else 2, figsize=(15 if hits else 11, 4.6), squeeze=False)
     axes = axes[0]
@@ -426,21 +471,21 @@ def draw_curves(plt, curves, logx=False):
     runs = []  # the loss lines: the legend's entries, one a run
     for k, c in enumerate(curves):
         colour = f"C{k}"
-        kind = {"sampled": "dev: sampled candidates", "estimate": "dev: stratified estimate",
-                "all": "dev: all candidates", "accuracy": "dev accuracy"}.get(c.kind(), "no dev points")
+        kind = DEV_KINDS.get(c.kind(), "no dev points")
         runs += axes[0].plot(*c.loss_line(), color=colour, lw=1, label=f"{c.name} ({kind})")
         if not c.dev:
             continue
-        x = [d["step"] for d in c.dev]
-        style = "--" if c.kind() == "sampled" else "-"  # sampled candidates flatter: not the same scale
-        axes[1].plot(x, [d["value"] for d in c.dev], "o" + style, color=colour, ms=3, lw=1, label=kind)
+        style = "o--" if c.kind() == "sampled" else "o-"
+        steps = [d["step"] for d in c.dev]
+        axes[1].plot(steps, [d["value"] for d in c.dev], style, color=colour, ms=3, lw=1,
+                     label=kind)
         best = max(c.dev, key=lambda d: d["value"])
         axes[1].plot(best["step"], best["value"], "*", color=colour, ms=14, mec="black")
-        axes[1].annotate(f"{best['value']:.3f}", (best["step"], best["value"]), textcoords="offset points",
-                         xytext=(-9, 5), ha="right", fontsize=8, color=colour)
+        axes[1].annotate(f"{best['value']:.3f}", (best["step"], best["value"]), fontsize=8,
+                         textcoords="offset points", xytext=(-9, 5), ha="right", color=colour)
         with_hits = [d for d in c.dev if "hits@10" in d]
         if hits and with_hits:
-            axes[2].plot([d["step"] for d in with_hits], [d["hits@10"] for d in with_hits], "o" + style,
+            axes[2].plot([d["step"] for d in with_hits], [d["hits@10"] for d in with_hits], style,
                          color=colour, ms=3, lw=1)
     axes[0].set_ylabel("train loss as logged\n(mean since the epoch's start or a resume)")
     axes[1].set_ylabel("dev " + " / ".join("MRR" if m == "mrr" else m for m in metrics))
@@ -454,14 +499,16 @@ def draw_curves(plt, curves, logx=False):
         if logx:
             ax.set_xscale("log")
     fig.suptitle("training curves (star: the best dev point)", fontsize=10)
-    fig.legend(handles=runs, loc="upper center", bbox_to_anchor=(0.5, 0.95), ncol=1, fontsize=9, frameon=False)
+    fig.legend(handles=runs, loc="upper center", bbox_to_anchor=(0.5, 0.95), fontsize=9,
+               frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93 - 0.045 * len(curves)))
     return fig
 
 
 def write_curve(run_folder):
-    """run_folder/curve.png from run_folder/log.txt (train.py calls it at each dev point): the path written, or None
-    where matplotlib is not installed, the log has no training line yet, or the file cannot be written (said)."""
+    """run_folder/curve.png from run_folder/log.txt (train.py calls it at each dev point): the
+    path written; None where matplotlib is not installed, the log has no training line yet, or
+    the file cannot be written (said on stderr: a picture never stops a training run)."""
     plt = pyplot()
     log = Path(run_folder) / "log.txt"
     if plt is None or not log.is_file():
@@ -472,19 +519,19 @@ def write_curve(run_folder):
     out = Path(run_folder) / "curve.png"
     try:
         save_png(plt, draw_curves(plt, [curve]), out)
-    except OSError as e:  # a picture never stops a training run
+    except OSError as e:
         print(f"note: cannot write {out} ({e.strerror or e})", file=sys.stderr)
         return None
     return out
 
 
-# ----------------------------------------------------------------------------- command line
+# ------------------------------------------------------------------------- command line
 def layer_list(text):
-    """--layers 1,3,6 (1-based, as the paper counts) -> [0, 2, 5]."""
+    """--layers 1,3,6 (from 1, as the paper counts) -> [0, 2, 5]."""
     try:
         layers = [int(x) - 1 for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected layer numbers like 1,3,6, not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected layers like 1,3,6, not {text!r}") from None
     if min(layers) < 0:
         raise argparse.ArgumentTypeError(f"layers count from 1, not {text!r}")
     return sorted(set(layers))
@@ -492,51 +539,56 @@ def layer_list(text):
 
 def parse_args(argv=None):
     """The two commands and their flags."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog=__doc__.split("\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     att = sub.add_parser("attention", help="a triple's attention at chosen layers, per head")
-    att.add_argument("triple", nargs=3, metavar="HEAD RELATION TAIL", help="ids or texts (text:X: a new entity)")
-    att.add_argument("--data", help=f"{', '.join(data.DATASETS)}, or a graph's folder (default: the checkpoint's)")
-    att.add_argument("--data-dir", help="folder of the dataset folders (default $PALT_DATA, else ./data)")
+    att.add_argument("triple", nargs=3, metavar="HEAD RELATION TAIL",
+                     help="ids or texts (text:X: an entity not in the graph)")
+    att.add_argument("--data", help=f"{', '.join(data.DATASETS)}, or a graph's folder "
+                     "(default: the checkpoint's)")
+    att.add_argument("--data-dir", help="folder of the dataset folders ($PALT_DATA, else ./data)")
     src = att.add_mutually_exclusive_group()
-    src.add_argument("--ckpt", help="a checkpoint or run folder (default: the adapter shipped for --data)")
-    src.add_argument("--model", help="a base model run zero-shot (minilm: its NSP head is random)")
-    att.add_argument("--compare", help="a second checkpoint or run folder, or a base model (zero-shot), beside")
-    att.add_argument("--text", choices=data.TEXTS, help="zero-shot: entity texts (default: the checkpoint's, name)")
-    att.add_argument("--layers", type=layer_list, help="layers to draw, from 1 (default: first, middle, last)")
-    att.add_argument("--token", default="[CLS]", help="the attending token: a label (P1: the first prompt slot) "
-                     "or a position from 0 (default [CLS])")
-    att.add_argument("--matrices", action="store_true", help="every head's whole attention matrix")
+    src.add_argument("--ckpt", help="a checkpoint or run folder (default: the shipped adapter)")
+    src.add_argument("--model", help="a base model, zero-shot (minilm: its NSP head is random)")
+    att.add_argument("--compare", help="beside it: a checkpoint, run folder or base model")
+    att.add_argument("--text", choices=data.TEXTS, help="zero-shot: entity texts (default name)")
+    att.add_argument("--layers", type=layer_list, help="layers, from 1 (default: first, middle, "
+                     "last)")
+    att.add_argument("--token", default="[CLS]", help="the attending token: a label (P1: the "
+                     "first prompt slot) or a position from 0 (default [CLS])")
+    att.add_argument("--matrices", action="store_true", help="every head's whole matrix")
     att.add_argument("--out", required=True, help="the PNG to write")
     cur = sub.add_parser("curve", help="train loss and dev metric against steps, runs overlaid")
     cur.add_argument("runs", nargs="+", metavar="RUN_FOLDER_OR_TRAIN_LOG")
-    cur.add_argument("--names", help="comma-separated legend names, one a run (default: folder or file names)")
-    cur.add_argument("--logx", action="store_true", help="steps on a log scale (runs of very different lengths)")
+    cur.add_argument("--names", help="legend names, comma-separated, one a run (default: the "
+                     "folder's or the file's)")
+    cur.add_argument("--logx", action="store_true", help="steps on a log scale")
     cur.add_argument("--out", required=True, help="the PNG to write")
     args = ap.parse_args(argv)
     if not args.out.lower().endswith(".png") or Path(args.out).is_dir():
         ap.error(f"--out {args.out}: give the path of a .png file")
     if args.command == "curve" and args.names and len(args.names.split(",")) != len(args.runs):
         ap.error(f"--names gives {len(args.names.split(','))} names for {len(args.runs)} runs")
-    if args.command == "attention" and args.data:
-        args.data = args.data.lower() if args.data.lower() in data.DATASETS else args.data
+    if args.command == "attention" and args.data and args.data.lower() in data.DATASETS:
+        args.data = args.data.lower()
     return args
 
 
 def attention(args):
-    """plot.py attention: check both sources and the triple (seconds), then that matplotlib is there, load the
-    models, run the triple, draw, write; a summary of the chosen token's attention printed."""
-    main_run = source_run(args, args.ckpt, args.model)
-    checked = [(main_run, *check_source(main_run))]
+    """plot.py attention: check both models' sources and the triple (seconds), then that
+    matplotlib is there; load, run the triple, draw, write; print where the attention goes."""
+    first = source_run(args, args.ckpt, args.model)
+    checked = [(first, *check_source(first))]
     if args.compare:
         ckpt, model = compare_spec(args.compare)
         other = source_run(args, ckpt, model)
-        other.data = main_run.data  # the first model's graph (a checkpoint of another graph: an error)
+        other.data = first.data  # the first model's graph (a checkpoint of another: an error)
         if model:  # zero-shot: the entity texts the first model reads
             other.text = args.text or (checked[0][1] or {}).get("text")
         checked.append((other, *check_source(other)))
-    for _, _, kg in checked:  # a bad entity or relation before any model loads
+    for _, _, kg in checked:  # a bad entity or relation, before any model loads
         resolve_triple(kg, *args.triple)
     plt = need_pyplot()
     sources = [load_source(*c) for c in checked]
@@ -545,9 +597,10 @@ def attention(args):
         print(f"{src.label}: {view['text']} score {view['score']:+.4f} (NSP logit margin)")
         for row, layer in enumerate(view["layers"]):
             mean, top = part_shares(view, row)
-            print(f"  layer {layer + 1}: {view['labels'][view['token']]}'s attention, mean over heads: "
-                  + ", ".join(f"{p} {s:.2f}" for p, s in mean.items())
-                  + "; heads by their largest part: " + ", ".join(f"{p} {n}" for p, n in top.items() if n))
+            shares = ", ".join(f"{p} {s:.2f}" for p, s in mean.items())
+            heads = ", ".join(f"{p} {n}" for p, n in top.items() if n)
+            print(f"  layer {layer + 1}: {view['labels'][view['token']]}'s attention, mean over "
+                  f"heads: {shares}; heads by their largest part: {heads}")
     save_png(plt, draw_attention(plt, views, sources, args.matrices), Path(args.out))
     print(f"wrote {args.out}")
 
@@ -559,15 +612,18 @@ def curve(args):
     curves = [read_curve(path, name) for path, name in zip(args.runs, names)]
     plt = need_pyplot()
     for c in curves:
-        best = max(c.dev, key=lambda d: d["value"]) if c.dev else None
-        print(f"{c.name}: {len(c.loss)} loss points to step {c.loss[-1][0]:,} of {c.total:,}, {len(c.dev)} dev "
-              "points" + (f", best {best['metric']} {best['value']:.4f} at step {best['step']:,}" if best else ""))
+        summary = f"{c.name}: {len(c.loss)} loss points to step {c.loss[-1][0]:,} of {c.total:,}"
+        summary += f", {len(c.dev)} dev points"
+        if c.dev:
+            best = max(c.dev, key=lambda d: d["value"])
+            summary += f", best {best['metric']} {best['value']:.4f} at step {best['step']:,}"
+        print(summary)
     save_png(plt, draw_curves(plt, curves, args.logx), Path(args.out))
     print(f"wrote {args.out}")
 
 
 def main(argv=None):
-    """Parse, run the command; data and checkpoint errors become one line."""
+    """Parse and run the command; data and checkpoint errors become one line."""
     args = parse_args(argv)
     try:
         if args.command == "attention":
@@ -576,7 +632,7 @@ def main(argv=None):
             curve(args)
     except (data.DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise SystemExit(f"error: {e}") from None
-    except OSError as e:  # the PNG could not be written (disk full, permissions): no partial file is left
+    except OSError as e:  # the PNG could not be written (disk full, permissions): no partial file
         raise SystemExit(f"error: cannot write {args.out} ({e.strerror or e})") from None
 
 

@@ -1,5 +1,6 @@
-"""plot.py: the attention weights are the ones each layer applies, the step-by-step forward gives the model's own
-score, train logs parse as train.py writes them, the pictures are real PNGs, and bad input is one line."""
+"""plot.py: the attention weights are the ones each layer applies, the step-by-step forward gives
+the model's own score, train logs parse as train.py writes them, the pictures are real PNGs, and
+bad input is one line that writes nothing."""
 import importlib.util
 import os
 import struct
@@ -19,31 +20,32 @@ import plot
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-needs_matplotlib = pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed (it is optional)")
+needs_matplotlib = pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib (optional) is absent")
 PROMPTS = (2, 1, 1)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """A tiny graph (umls-like), a tiny BERT with an NSP head, one without, and a PALT checkpoint whose prompts,
-    W_p and calibration are all non-zero (so every part of the forward counts)."""
+    """A tiny graph (umls-like), a tiny BERT with an NSP head, one without, and a PALT checkpoint
+    whose prompts, W_p and calibration are all non-zero (so every part of the forward counts)."""
     root = tmp_path_factory.mktemp("plot")
     words = write_tiny_kg(root / "data", "umls")
     base = make_bert_dir(root / "bert", words, layers=3, heads=2)
     headless = make_bert_dir(root / "headless", words, nsp=False, layers=3, heads=2)
-    model, loaded = palt.build_palt(str(base), palt.PaltConfig(prompts=PROMPTS, calib_layers=(1, 2)))
+    cfg = palt.PaltConfig(prompts=PROMPTS, calib_layers=(1, 2))
+    model, loaded = palt.build_palt(str(base), cfg)
     torch.manual_seed(1)
     with torch.no_grad():
         for p in (model.W_p.weight, model.calib["1"].weight, model.calib["2"].weight):
             p.add_(torch.randn_like(p) * 0.1)
     kg = data.load_kg("umls", root / "data")
     meta = {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls",
-            "data_fingerprint": kg.fingerprint, "text": "name", "prompts": list(PROMPTS), "max_seq_length": 64}
+            "data_fingerprint": kg.fingerprint, "text": "name", "prompts": list(PROMPTS),
+            "max_seq_length": 64}
     ckpt = root / "palt.safetensors"
     palt.save_checkpoint(ckpt, model, meta)
-    enc = data.encode(kg, loaded.tokenizer)
-    return {"root": root, "data": root / "data", "ckpt": ckpt, "headless": headless, "model": model.eval(),
-            "kg": kg, "enc": enc, "tokenizer": loaded.tokenizer}
+    return {"data": root / "data", "ckpt": ckpt, "headless": headless, "model": model.eval(),
+            "kg": kg, "enc": data.encode(kg, loaded.tokenizer), "tokenizer": loaded.tokenizer}
 
 
 def padded_batch(tiny):
@@ -53,8 +55,16 @@ def padded_batch(tiny):
     return batch
 
 
+def heads(layer, h):
+    """q, k, v (B, n_head, L, d_head) of a layer on its input h, as its attention makes them."""
+    B, L, H = h.shape
+    return (x(h).view(B, L, layer.n_head, H // layer.n_head).transpose(1, 2)
+            for x in (layer.q, layer.k, layer.v))
+
+
 def png_width(path):
-    """The width in pixels from a PNG's IHDR chunk (after the 8-byte signature and the chunk's length and type)."""
+    """A PNG's width in pixels, from its IHDR chunk (after the signature, the chunk's length and
+    type)."""
     raw = Path(path).read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
     return struct.unpack(">I", raw[16:20])[0]
@@ -69,7 +79,7 @@ def one_line_error(argv):
     return message
 
 
-# ----------------------------------------------------------------------------- the attention weights
+# ------------------------------------------------------------------------- the attention weights
 def test_weights_at_v_are_each_layers_sdpa_output(tiny):
     model, batch = tiny["model"], padded_batch(tiny)
     layers = range(model.bert.config.num_hidden_layers)
@@ -78,15 +88,14 @@ def test_weights_at_v_are_each_layers_sdpa_output(tiny):
     for i in layers:
         layer, h, w = model.bert.layers[i], inputs[i], weights[i]
         B, L, H = h.shape
-        q, k, v = (x(h).view(B, L, layer.n_head, H // layer.n_head).transpose(1, 2)
-                   for x in (layer.q, layer.k, layer.v))
-        sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        torch.testing.assert_close(w @ v, sdpa, atol=1e-5, rtol=0)
-        # and the layer's whole attention sublayer, computed with these weights, is what the layer computes
+        q, k, v = heads(layer, h)
+        torch.testing.assert_close(w @ v, F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                                   atol=1e-5, rtol=0)
+        # the layer's whole attention sublayer, computed with these weights, is what it computes
         merged = (w @ v).transpose(1, 2).reshape(B, L, H)
         with torch.no_grad():
-            torch.testing.assert_close(layer.ln1(h + layer.attn_out(merged)), layer.attention(h, mask),
-                                       atol=1e-5, rtol=0)
+            torch.testing.assert_close(layer.ln1(h + layer.attn_out(merged)),
+                                       layer.attention(h, mask), atol=1e-5, rtol=0)
         torch.testing.assert_close(w.sum(-1), torch.ones(B, layer.n_head, L))
         assert (w[1, :, :, -2:] == 0).all()  # padding is never attended
 
@@ -109,49 +118,55 @@ def test_tokens_are_labelled_by_part(tiny):
     src = plot.Source("tiny", "tiny", tiny["model"], tiny["kg"], tiny["tokenizer"], PROMPTS, 64)
     view = plot.triple_view(src, "e0", "r0", "e1", None)
     assert view["labels"][:3] == ["[CLS]", "P1", "P2"]
-    assert view["parts"] == ["[CLS]", "prompt", "prompt", "head", "head", "relation", "prompt", "[SEP]",
-                             "tail", "tail", "prompt", "[SEP]"]
+    assert view["parts"] == ["[CLS]", "prompt", "prompt", "head", "head", "relation", "prompt",
+                             "[SEP]", "tail", "tail", "prompt", "[SEP]"]
     assert view["layers"] == [0, 1, 2] and view["weights"].shape == (3, 2, 12, 12)
-    assert view["text"] == "(w0 w0, rel0, w1 w3)"
+    assert view["text"] == "(w0 w0, rel0, w1 w3)" and view["token"] == 0
 
 
-# ----------------------------------------------------------------------------- train logs
+# ------------------------------------------------------------------------- train logs
 LOG = """\
 epoch 1/2 step 20/80 loss 0.6500 lr 1.00e-04 seq/s 100 padded/real 1.10 fp32 eta 1.0m
 dev at step 20 (epoch 0.5): mrr 0.2000
 epoch 1/2 step 40/80 loss 0.6000 lr 1.00e-04 seq/s 100 padded/real 1.10 fp32 eta 1.0m
-dev after epoch 1: mrr 0.3000, MR 9.00, Hits@10 0.5000 on 30 dev triples against 24 candidates (best so far)
+dev after epoch 1: mrr 0.3000, MR 9.00, Hits@10 0.5000 on 30 dev triples against 24 candidates \
+(best so far)
 epoch 2/2 step 60/80 loss 0.5000 lr 1.00e-04 seq/s 100 padded/real 1.10 fp32 eta 1.0m
-stopped at step 65 (SIGINT): runs/x/ckpt.safetensors holds this step's weights; --resume continues from it
+stopped at step 65 (SIGINT): runs/x/ckpt.safetensors holds this step's weights; --resume ...
 resumed from runs/x/state.safetensors: epoch 1, step 50
 epoch 2/2 step 60/80 loss 0.4800 lr 1.00e-04 seq/s 100 padded/real 1.10 fp32 eta 1.0m
-dev at step 60 (epoch 1.5): mrr 0.2800, MR 8.00, Hits@10 0.6000 on 30 dev triples (stratified estimate, 9 x)
+dev at step 60 (epoch 1.5): mrr 0.2800, MR 8.00, Hits@10 0.6000 on 30 dev triples (stratified \
+estimate, 9 candidates scored a query)
 epoch 2/2 step 80/80 loss 0.4500 lr 1.00e-04 seq/s 100 padded/real 1.10 fp32 eta 0.0m
-dev after epoch 2: mrr 0.3500, MR 7.00, Hits@10 0.7000 on 30 dev triples (stratified estimate, 9 x) (best so far)
+dev after epoch 2: mrr 0.3500, MR 7.00, Hits@10 0.7000 on 30 dev triples (stratified estimate, \
+9 candidates scored a query) (best so far)
 """
 
 
 def test_the_parser_reads_what_train_py_writes():
     c = plot.parse_log(LOG, "x")
     assert c.total == 80
-    assert c.loss == [(20, 0.65), (40, 0.6), (60, 0.48), (80, 0.45)]  # step 60 again after the resume at 50
-    assert [(d["step"], d["value"]) for d in c.dev] == [(20, 0.2), (40, 0.3), (60, 0.28), (80, 0.35)]
-    assert c.dev[1] == {"step": 40, "epoch": 1.0, "mrr": 0.3, "mr": 9.0, "hits@10": 0.5, "metric": "mrr",
-                        "value": 0.3, "kind": "all"}  # 'dev after epoch 1': the epoch's last logged step
-    assert c.kind() == "estimate" and c.dev[0]["kind"] == "estimate"  # an old line without candidates: the run's
-    assert c.restarts == [40, 50]  # the mean starts again at epoch 2 and at the resume
+    assert c.loss == [(20, 0.65), (40, 0.6), (60, 0.48), (80, 0.45)]  # 60 again after the resume
+    assert [(d["step"], d["value"]) for d in c.dev] == [(20, .2), (40, .3), (60, .28), (80, .35)]
+    # 'dev after epoch 1' is at the epoch's last logged step
+    assert c.dev[1] == {"step": 40, "epoch": 1.0, "mrr": 0.3, "mr": 9.0, "hits@10": 0.5,
+                        "metric": "mrr", "value": 0.3, "kind": "all"}
+    assert c.kind() == "estimate"
+    assert c.dev[0]["kind"] == "estimate"  # a line that does not say: as the run's last one
+    assert c.restarts == [40, 50]  # the logged mean starts again at epoch 2 and at the resume
     steps, losses = c.loss_line()
-    assert steps == [20, 40, 60, 60, 80] and losses[2] != losses[2]  # a NaN breaks the line at the resume
+    assert steps == [20, 40, 60, 60, 80] and losses[2] != losses[2]  # a NaN breaks the line
 
 
 def test_accuracy_logs_and_a_new_run_appended_to_an_old_log():
     log = ("epoch 1/1 step 20/40 loss 0.7000 lr 1e-4\n"
            "epoch 1/1 step 40/40 loss 0.6000 lr 1e-4\n"
            "dev after epoch 1: accuracy 0.8100 (best so far)\n"
-           "epoch 1/1 step 20/40 loss 0.5000 lr 1e-4\n"  # the same folder trained again without --resume
+           "epoch 1/1 step 20/40 loss 0.5000 lr 1e-4\n"  # the folder trained again, no --resume
            "dev at step 20 (epoch 0.5): accuracy 0.8300\n")
     c = plot.parse_log(log, "tc")
-    assert c.loss == [(20, 0.5)] and [(d["step"], d["value"], d["kind"]) for d in c.dev] == [(20, 0.83, "accuracy")]
+    assert c.loss == [(20, 0.5)]
+    assert [(d["step"], d["value"], d["kind"]) for d in c.dev] == [(20, 0.83, "accuracy")]
 
 
 def test_a_run_folder_is_named_after_itself_and_a_log_after_its_file(tmp_path):
@@ -162,20 +177,30 @@ def test_a_run_folder_is_named_after_itself_and_a_log_after_its_file(tmp_path):
     assert plot.read_curve(tmp_path / "palt-umls-minilm.train.log").name == "palt-umls-minilm"
 
 
-# ----------------------------------------------------------------------------- pictures
+def test_the_shipped_adapters_train_logs_parse():
+    logs = sorted((ROOT / "results").glob("palt-*-minilm.train.log"))
+    if not logs:
+        pytest.skip("no shipped adapter's train log in results/")
+    for path in logs:
+        c = plot.read_curve(path)
+        assert c.dev and c.loss[-1][0] <= c.total and c.dev[-1]["step"] <= c.total, path
+
+
+# ------------------------------------------------------------------------- pictures
 @needs_matplotlib
 def test_attention_png_beside_a_plain_model(tiny, tmp_path):
     out = tmp_path / "attention.png"
-    plot.main(["attention", "--data", "umls", "--data-dir", str(tiny["data"]), "--ckpt", str(tiny["ckpt"]),
-               "--compare", str(tiny["headless"]), "w0 w0", "rel0", "e1", "--out", str(out)])
+    plot.main(["attention", "--data", "umls", "--data-dir", str(tiny["data"]), "--ckpt",
+               str(tiny["ckpt"]), "--compare", str(tiny["headless"]), "w0 w0", "rel0", "e1",
+               "--out", str(out)])
     assert png_width(out) >= 800
 
 
 @needs_matplotlib
 def test_whole_matrices_and_a_prompt_tokens_row(tiny, tmp_path):
     for flags, name in ((["--matrices"], "m.png"), (["--token", "P1", "--layers", "1,3"], "p.png")):
-        plot.main(["attention", "--data-dir", str(tiny["data"]), "--ckpt", str(tiny["ckpt"]), "e0", "r0", "e1",
-                   "--out", str(tmp_path / name), *flags])
+        plot.main(["attention", "--data-dir", str(tiny["data"]), "--ckpt", str(tiny["ckpt"]),
+                   "e0", "r0", "e1", "--out", str(tmp_path / name), *flags])
         assert png_width(tmp_path / name) >= 800
 
 
@@ -186,57 +211,51 @@ def test_curves_png_of_several_runs_and_write_curve(tmp_path):
     (run / "log.txt").write_text(LOG)
     (tmp_path / "other.train.log").write_text(LOG.replace("0.3500", "0.4000"))
     out = tmp_path / "curves.png"
-    plot.main(["curve", str(run), str(tmp_path / "other.train.log"), "--names", "a,b", "--out", str(out)])
+    plot.main(["curve", str(run), str(tmp_path / "other.train.log"), "--names", "a,b",
+               "--out", str(out)])
     assert png_width(out) >= 800
     assert plot.write_curve(run) == run / "curve.png" and png_width(run / "curve.png") >= 800
     assert plot.write_curve(tmp_path / "no-run") is None and not (tmp_path / "no-run").exists()
 
 
-def test_the_shipped_adapters_train_logs_parse_to_their_last_step():
-    logs = [p for p in (ROOT / "results").glob("palt-*-minilm.train.log")]
-    if not logs:
-        pytest.skip("no shipped adapter's train log in results/")
-    for path in logs:
-        c = plot.read_curve(path)
-        assert c.dev and c.loss[-1][0] <= c.total and c.dev[-1]["step"] <= c.total, path
-
-
-# ----------------------------------------------------------------------------- bad input: one line, no file
+# ------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("args, what", [(["nowhere", "r0", "e1"], "no entity 'nowhere'"),
                                         (["e0", "r9", "e1"], "no relation 'r9'"),
                                         (["e0", "r0", "e1", "--layers", "4"], "--layers 4: "),
-                                        (["e0", "r0", "e1", "--token", "P9"], "--token P9: not in")])
-def test_a_bad_entity_relation_layer_or_token_is_one_line_and_writes_nothing(tiny, tmp_path, args, what):
+                                        (["e0", "r0", "e1", "--token", "P9"], "--token P9: ")])
+def test_a_bad_entity_relation_layer_or_token_is_one_line_and_writes_nothing(tiny, tmp_path, args,
+                                                                            what):
     out = tmp_path / "a.png"
-    message = one_line_error(["attention", "--data-dir", tiny["data"], "--ckpt", tiny["ckpt"], *args,
-                              "--out", out])
+    message = one_line_error(["attention", "--data-dir", tiny["data"], "--ckpt", tiny["ckpt"],
+                              *args, "--out", out])
     assert message.startswith("error: ") and what in message, message
     assert not out.exists()
 
 
 def test_a_bad_path_is_one_line_and_writes_nothing(tiny, tmp_path):
     out = tmp_path / "a.png"
-    cases = [(["attention", "--data-dir", tiny["data"], "--ckpt", tmp_path / "missing.safetensors", "e0", "r0",
-               "e1"], "missing.safetensors: no such checkpoint"),
-             (["attention", "--data-dir", tiny["data"], "--ckpt", tiny["ckpt"], "--compare", tmp_path / "nope",
-               "e0", "r0", "e1"], "no such checkpoint, run folder or base model"),
-             (["curve", tmp_path / "missing.log"], "missing.log: no such run folder or train log"),
-             (["curve", tmp_path], "a folder without log.txt")]
     (tmp_path / "empty.log").write_text("nothing here\n")
-    cases.append((["curve", tmp_path / "empty.log"], "no training lines"))
+    attention = ["attention", "--data-dir", tiny["data"]]
+    cases = [([*attention, "--ckpt", tmp_path / "gone.safetensors", "e0", "r0", "e1"],
+              "gone.safetensors: no such checkpoint"),
+             ([*attention, "--ckpt", tiny["ckpt"], "--compare", tmp_path / "x", "e0", "r0", "e1"],
+              "no such checkpoint, run folder or base model"),
+             (["curve", tmp_path / "missing.log"], "missing.log: no such run folder or train log"),
+             (["curve", tmp_path], "a folder without log.txt"),
+             (["curve", tmp_path / "empty.log"], "no training lines")]
     for argv, what in cases:
         message = one_line_error([*argv, "--out", out])
         assert message.startswith("error: ") and what in message, message
         assert not out.exists()
 
 
-def test_without_matplotlib_one_line_with_the_pip_command_and_write_curve_does_nothing(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+def test_without_matplotlib_one_line_saying_pip_install_and_no_curve_png(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib`: ImportError
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     (tmp_path / "log.txt").write_text(LOG)
     out = tmp_path / "c.png"
-    assert one_line_error(["curve", tmp_path, "--out", out]) == \
-        "plot.py needs matplotlib: pip install matplotlib"
+    message = one_line_error(["curve", tmp_path, "--out", out])
+    assert message == "plot.py needs matplotlib: pip install matplotlib"
     assert not out.exists()
     assert plot.write_curve(tmp_path) is None and not (tmp_path / "curve.png").exists()
 
@@ -248,10 +267,11 @@ def test_plot_imports_without_matplotlib_and_never_imports_train():
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
 
 
-# ----------------------------------------------------------------------------- the shipped adapter, real data
+# ------------------------------------------------------------------------- the shipped adapter
 @pytest.mark.slow
 def test_the_papers_wn11_example_on_the_shipped_adapter():
-    """(evening clothes, type of, attire): the step-by-step score is the Scorer's, and weights @ v is SDPA's."""
+    """(evening clothes, type of, attire): the step-by-step score is the Scorer's, and each
+    layer's weights @ v is its SDPA output."""
     data_dir = os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data")
     if not Path(data_dir, "WN11").is_dir():
         pytest.skip(f"no WN11 data in {data_dir}")
@@ -266,8 +286,6 @@ def test_the_papers_wn11_example_on_the_shipped_adapter():
     scorer = evaluate.Scorer(model, enc, meta["prompts"], meta["max_seq_length"])
     torch.testing.assert_close(palt.score(logits), scorer([triple]), atol=1e-4, rtol=0)
     for i in range(n):
-        layer, h = model.bert.layers[i], inputs[i]
-        B, L, H = h.shape
-        q, k, v = (x(h).view(B, L, layer.n_head, H // layer.n_head).transpose(1, 2)
-                   for x in (layer.q, layer.k, layer.v))
-        torch.testing.assert_close(weights[i] @ v, F.scaled_dot_product_attention(q, k, v), atol=1e-5, rtol=0)
+        q, k, v = heads(model.bert.layers[i], inputs[i])
+        torch.testing.assert_close(weights[i] @ v, F.scaled_dot_product_attention(q, k, v),
+                                   atol=1e-5, rtol=0)
