@@ -92,7 +92,7 @@ def pytest_configure(config):
         raise pytest.UsageError("--device cuda: torch sees no CUDA device here")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def device():
     """The device train.py and evaluate.py pick (palt.init_distributed), for tests that build a Scorer themselves."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
