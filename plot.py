@@ -579,6 +579,8 @@ def parse_args(argv=None):
 def attention(args):
     """plot.py attention: check both models' sources and the triple (seconds), then that
     matplotlib is there; load, run the triple, draw, write; print where the attention goes."""
+    if args.data:  # a benchmark, or a folder with train.tsv (DataError: one line)
+        data.dataset(args.data, args.data_dir)
     first = source_run(args, args.ckpt, args.model)
     checked = [(first, *check_source(first))]
     if args.compare:

@@ -240,6 +240,7 @@ def test_a_bad_path_is_one_line_and_writes_nothing(tiny, tmp_path):
               "gone.safetensors: no such checkpoint"),
              ([*attention, "--ckpt", tiny["ckpt"], "--compare", tmp_path / "x", "e0", "r0", "e1"],
               "no such checkpoint, run folder or base model"),
+             ([*attention, "--data", tmp_path / "gone", "e0", "r0", "e1"], "neither a benchmark"),
              (["curve", tmp_path / "missing.log"], "missing.log: no such run folder or train log"),
              (["curve", tmp_path], "a folder without log.txt"),
              (["curve", tmp_path / "empty.log"], "no training lines")]
