@@ -47,7 +47,7 @@ NO_MATPLOTLIB = "plot.py needs matplotlib: pip install matplotlib"
 def attention_weights(layer, h, mask):
     """(B, n_head, L, L) softmax(q k^T / sqrt(d_head) + mask): the weights the layer's
     scaled_dot_product_attention applies to v, from its own q and k projections of its input h
-    (B, L, H); mask as bert.attention_mask_bias makes it (True: a key that may be attended)."""
+    (B, L, H); mask (B, 1, 1, L) bool, True where a key may be attended (None: every key)."""
     B, L, H = h.shape
     d = H // layer.n_head
     q = layer.q(h).view(B, L, layer.n_head, d).transpose(1, 2)  # (B, n_head, L, d)
@@ -73,7 +73,7 @@ def forward_with_attention(model, batch, layers):
     if model.W_p is not None:
         x = x + model.W_p(x)  # Eq. 1
     h = bert_.embeddings(inputs_embeds=x, token_type_ids=batch["token_type_ids"])
-    mask = bert.attention_mask_bias(batch["attention_mask"])
+    mask = batch["attention_mask"].bool()[:, None, None, :]  # (B, 1, 1, L): SDPA's boolean mask
     weights, inputs = {}, {}
     for i, layer in enumerate(bert_.layers):
         if i in layers:
@@ -82,8 +82,8 @@ def forward_with_attention(model, batch, layers):
         if i in model.calib_layers:
             h = h + model.calib[str(i)](h)  # Eq. 2
         h = layer.feed_forward(h)
-    logits, _ = bert_.head(h)
-    return logits, weights, inputs
+    pooled = torch.tanh(bert_.pooler(h[:, 0].float()))  # the NSP head reads [CLS], in fp32
+    return bert_.nsp(pooled), weights, inputs
 
 
 # ------------------------------------------------------------------------- models and the triple
@@ -136,7 +136,8 @@ def load_source(run, meta, kg):
         return Source(Path(run.ckpt).stem, label, model, kg, tokenizer, tuple(info["prompts"]),
                       info["max_seq_length"])
     torch.manual_seed(0)
-    model, loaded = palt.build_palt(run.model, palt.PaltConfig(**evaluate.ZERO_SHOT))
+    cfg = palt.PaltConfig(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False)  # plain BERT
+    model, loaded = palt.build_palt(run.model, cfg)
     note = "zero-shot NSP"
     if loaded.new_heads:
         note = "no NSP head: a random one, so its score means nothing"
