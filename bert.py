@@ -1,15 +1,18 @@
-"""A minimal BERT in pure PyTorch (post-LN, exact erf GELU, F.scaled_dot_product_attention, pooler and NSP head) that
-loads the original Hugging Face weights; `python hub.py --check NAME_OR_PATH` is the first smoke test for a model."""
-import json, re
+"""A minimal BERT in pure PyTorch (post-LN, exact erf GELU, F.scaled_dot_product_attention, pooler
+and NSP head) that loads the original Hugging Face weights; `python hub.py --check NAME_OR_PATH` is
+the first smoke test for a model."""
+import json
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from files import readable, sha256_file  # one-line errors for unreadable files; the identity of weights files
+from files import readable, sha256_file
 
 
 class CheckpointError(ValueError):
@@ -17,6 +20,7 @@ class CheckpointError(ValueError):
 
 
 def read_json(path):
+    """The JSON object in a file, or CheckpointError in one line."""
     raw = Path(readable(path, CheckpointError)).read_bytes()
     try:
         d = json.loads(raw)
@@ -43,16 +47,20 @@ class BertConfig:
 
     @classmethod
     def from_json(cls, path):
+        """The config.json of a Hugging Face BERT, every value checked."""
         d = read_json(path)
-        if d.get("hidden_act", "gelu") != "gelu" or d.get("position_embedding_type", "absolute") != "absolute":
-            raise CheckpointError(f"{path}: only hidden_act=gelu and absolute positions are BERT as implemented here")
+        act, pos = d.get("hidden_act", "gelu"), d.get("position_embedding_type", "absolute")
+        if act != "gelu" or pos != "absolute":
+            raise CheckpointError(f"{path}: only hidden_act=gelu and absolute positions are BERT "
+                                  "as implemented here")
         c = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
         for name, value in vars(c).items():
             if not isinstance(value, (int, float)) or value < 0:
-                raise CheckpointError(f"{path}: {name} must be a non-negative number, not {value!r}")
+                raise CheckpointError(f"{path}: {name} must be a non-negative number, "
+                                      f"not {value!r}")
         if c.num_attention_heads < 1 or c.hidden_size % c.num_attention_heads:
-            raise CheckpointError(f"{path}: hidden_size {c.hidden_size} is not a multiple of num_attention_heads "
-                                  f"{c.num_attention_heads}")
+            raise CheckpointError(f"{path}: hidden_size {c.hidden_size} is not a multiple of "
+                                  f"num_attention_heads {c.num_attention_heads}")
         return c
 
 
@@ -67,6 +75,7 @@ class Embeddings(nn.Module):
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None):
+        """word (or given) + position + token type embeddings, LayerNorm, dropout: (B, L, H)."""
         x = self.word(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, H)
         if token_type_ids is None:
             token_type_ids = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
@@ -83,18 +92,25 @@ class Layer(nn.Module):
         self.n_head, self.p_attn = c.num_attention_heads, c.attention_probs_dropout_prob
         self.q, self.k, self.v, self.attn_out = (nn.Linear(H, H) for _ in range(4))
         self.ln1 = nn.LayerNorm(H, eps=c.layer_norm_eps)
-        self.ffn_in, self.ffn_out = nn.Linear(H, c.intermediate_size), nn.Linear(c.intermediate_size, H)
+        self.ffn_in = nn.Linear(H, c.intermediate_size)
+        self.ffn_out = nn.Linear(c.intermediate_size, H)
         self.ln2 = nn.LayerNorm(H, eps=c.layer_norm_eps)
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def attention(self, h, mask):
-        B, L, H = h.shape  # -> (B, n_head, L, d_head) for attention, and back
-        q, k, v = (x(h).view(B, L, self.n_head, H // self.n_head).transpose(1, 2) for x in (self.q, self.k, self.v))
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p_attn if self.training else 0.0)
-        return self.ln1(h + self.drop(self.attn_out(a.transpose(1, 2).reshape(B, L, H))))
+        """Multi-head self-attention, residual, LayerNorm."""
+        B, L, H = h.shape
+        # (B, L, H) -> (B, n_head, L, d_head)
+        q, k, v = (x(h).view(B, L, self.n_head, H // self.n_head).transpose(1, 2)
+                   for x in (self.q, self.k, self.v))
+        p = self.p_attn if self.training else 0.0
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        a = a.transpose(1, 2).reshape(B, L, H)  # (B, n_head, L, d_head) -> (B, L, H)
+        return self.ln1(h + self.drop(self.attn_out(a)))
 
     def feed_forward(self, h):
-        return self.ln2(h + self.drop(self.ffn_out(F.gelu(self.ffn_in(h)))))  # F.gelu is the exact erf GELU
+        """The feed-forward sublayer, residual, LayerNorm; F.gelu is the exact erf GELU."""
+        return self.ln2(h + self.drop(self.ffn_out(F.gelu(self.ffn_in(h)))))
 
     def forward(self, h, mask):
         return self.feed_forward(self.attention(h, mask))
@@ -107,9 +123,12 @@ class BertOutput:
     hidden_states: tuple | None  # embeddings output, then every layer's output
 
 
-def attention_mask_bias(attention_mask):
-    """(B, L) 1 for real tokens -> (B, 1, 1, L) bool, True where a key may be attended (never from token id 0)."""
-    return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+def sdpa_mask(attention_mask):
+    """(B, L) 1 for real tokens -> (B, 1, 1, L) bool for SDPA, True where a key may be attended
+    (never from token id 0)."""
+    if attention_mask is None:
+        return None
+    return attention_mask.bool()[:, None, None, :]
 
 
 class Bert(nn.Module):
@@ -121,8 +140,9 @@ class Bert(nn.Module):
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
         self.nsp = nn.Linear(config.hidden_size, 2)
 
-    def head(self, h):
-        # fp32 even under bf16 autocast: bf16 logits (3 significant digits) would turn close scores into ties
+    def nsp_head(self, h):
+        """(NSP logits, pooled [CLS]) of the last layer's states, in fp32 even under bf16 autocast:
+        bf16 logits (3 significant digits) would turn close scores into ties."""
         with torch.autocast(h.device.type, enabled=False):
             pooled = torch.tanh(self.pooler(h[:, 0].float()))  # the [CLS] token
             return self.nsp(pooled), pooled
@@ -130,71 +150,44 @@ class Bert(nn.Module):
     def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, inputs_embeds=None,
                 output_hidden_states=False):
         h = self.embeddings(input_ids, token_type_ids, inputs_embeds)
-        mask, hidden = attention_mask_bias(attention_mask), [h]
+        mask = sdpa_mask(attention_mask)
+        hidden = [h]
         for layer in self.layers:
             h = layer(h, mask)
             hidden.append(h)
-        nsp_logits, pooled = self.head(h)
+        nsp_logits, pooled = self.nsp_head(h)
         return BertOutput(nsp_logits, pooled, tuple(hidden) if output_hidden_states else None)
 
 
-# ----------------------------------------------------------------------------- precision
-DTYPES = ("auto", "fp32", "bf16")  # autocast precisions: weights, optimizer state, loss and the NSP head stay fp32
-
-
-def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
-    """True where the CPU has bf16 dot products (AVX512_BF16, AMX), ~3x fp32's speed; elsewhere bf16 is slower."""
-    try:
-        return not {"avx512_bf16", "amx_bf16"}.isdisjoint(Path(cpuinfo).read_text().split())
-    except OSError:
-        return False
-
-
-def resolve_dtype(choice, device):
-    """'auto' | 'fp32' | 'bf16' -> 'fp32' | 'bf16'; auto = bf16 on CUDA and on CPUs with native bf16, else fp32."""
-    if choice not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, not {choice!r}")
-    if choice == "auto":
-        return "bf16" if torch.device(device).type == "cuda" or cpu_has_native_bf16() else "fp32"
-    return choice
-
-
-def to_device(t, device):
-    """A CPU tensor on the device; to a GPU through pinned memory, so the copy does not wait for the GPU's queue: the
-    CPU goes on building the next batch while the GPU runs this one."""
-    device = torch.device(device)
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
-
-
-def autocast(dtype, device):
-    """The autocast context for a resolved dtype; fp32 switches autocast off explicitly (also an outer one)."""
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bf16")
-
-
-# ----------------------------------------------------------------------------- loading Hugging Face checkpoints
-# Hugging Face name (after dropping an optional "bert." prefix and renaming legacy gamma/beta) -> our name.
+# ----------------------------------------------------------------------------- loading Hugging
+# Face's
+# Hugging Face name (an optional "bert." prefix dropped, legacy gamma/beta renamed) -> ours
+LAYER = r"encoder\.layer\.(\d+)\."
 NAME_TABLE = [
     (r"embeddings\.word_embeddings\.weight", "embeddings.word.weight"),
     (r"embeddings\.position_embeddings\.weight", "embeddings.position.weight"),
     (r"embeddings\.token_type_embeddings\.weight", "embeddings.token_type.weight"),
     (r"embeddings\.LayerNorm\.(weight|bias)", r"embeddings.ln.\1"),
-    (r"encoder\.layer\.(\d+)\.attention\.self\.query\.(weight|bias)", r"layers.\1.q.\2"),
-    (r"encoder\.layer\.(\d+)\.attention\.self\.key\.(weight|bias)", r"layers.\1.k.\2"),
-    (r"encoder\.layer\.(\d+)\.attention\.self\.value\.(weight|bias)", r"layers.\1.v.\2"),
-    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)", r"layers.\1.attn_out.\2"),
-    (r"encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.(weight|bias)", r"layers.\1.ln1.\2"),
-    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)", r"layers.\1.ffn_in.\2"),
-    (r"encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)", r"layers.\1.ffn_out.\2"),
-    (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)", r"layers.\1.ln2.\2"),
+    (LAYER + r"attention\.self\.query\.(weight|bias)", r"layers.\1.q.\2"),
+    (LAYER + r"attention\.self\.key\.(weight|bias)", r"layers.\1.k.\2"),
+    (LAYER + r"attention\.self\.value\.(weight|bias)", r"layers.\1.v.\2"),
+    (LAYER + r"attention\.output\.dense\.(weight|bias)", r"layers.\1.attn_out.\2"),
+    (LAYER + r"attention\.output\.LayerNorm\.(weight|bias)", r"layers.\1.ln1.\2"),
+    (LAYER + r"intermediate\.dense\.(weight|bias)", r"layers.\1.ffn_in.\2"),
+    (LAYER + r"output\.dense\.(weight|bias)", r"layers.\1.ffn_out.\2"),
+    (LAYER + r"output\.LayerNorm\.(weight|bias)", r"layers.\1.ln2.\2"),
     (r"pooler\.dense\.(weight|bias)", r"pooler.\1"),
     (r"cls\.seq_relationship\.(weight|bias)", r"nsp.\1"),
 ]
-IGNORED = [r"cls\.predictions\..*", r"embeddings\.position_ids"]  # MLM head (unused by PALT), a constant buffer
+# the MLM head (unused by PALT) and a constant buffer
+IGNORED = [r"cls\.predictions\..*", r"embeddings\.position_ids"]
 
 
 def our_name(hf_key):
-    """Our parameter name for a checkpoint key; None if it is on the ignore list; KeyError if unknown."""
-    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", hf_key))
+    """Our parameter name for a checkpoint key; None if it is on the ignore list; KeyError if
+    unknown."""
+    key = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", hf_key)
+    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)
     key = key.removeprefix("bert.")
     if any(re.fullmatch(p, key) for p in IGNORED):
         return None
@@ -204,62 +197,82 @@ def our_name(hf_key):
     raise KeyError(hf_key)
 
 
-def load_weights(model_dir):
-    """(Bert in fp32, new_heads): strictly from model.safetensors, shape by shape; heads it lacks are new_heads."""
-    path = Path(model_dir) / "model.safetensors"
+def read_tensors(path):
+    """({our name: fp32 tensor}, {our name: checkpoint key}) of a model.safetensors."""
     try:
         with safe_open(readable(path, CheckpointError), framework="pt") as f:
-            keys = {name: key for key in f.keys() if (name := our_name(key)) is not None}  # ours -> checkpoint's
-            tensors = {name: f.get_tensor(key).float() for name, key in keys.items()}
+            names = {our_name(key): key for key in f.keys()}
+            names.pop(None, None)  # the ignored keys
+            tensors = {name: f.get_tensor(key).float() for name, key in names.items()}
     except KeyError as e:
-        raise CheckpointError(f"{path}: unknown key {e.args[0]!r} (not in bert.py's NAME_TABLE or IGNORED)") from None
+        raise CheckpointError(f"{path}: unknown key {e.args[0]!r} (not in bert.py's NAME_TABLE or "
+                              "IGNORED)") from None
     except SafetensorError as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+    return tensors, names
+
+
+def load_weights(model_dir):
+    """(Bert in fp32, new_heads): strictly from model.safetensors, shape by shape; heads it lacks
+    are new_heads."""
+    path = Path(model_dir) / "model.safetensors"
+    tensors, names = read_tensors(path)
     config = BertConfig.from_json(Path(model_dir) / "config.json")
     with torch.device("meta"):
         model = Bert(config)
-    # The pooler was trained together with the NSP head; without that head (sentence-embedding models) it is new too.
+    # The pooler was trained with the NSP head; without that head (sentence-embedding models) it is
+    # new too.
     new_heads = () if "nsp.weight" in tensors else ("pooler", "nsp")
     for name, p in model.state_dict().items():
-        if name not in tensors and name.split(".")[0] in new_heads:  # BERT's initialisation
-            tensors[name] = (torch.zeros(p.shape) if name.endswith("bias")
-                             else torch.randn(p.shape) * config.initializer_range)
+        if name not in tensors and name.split(".")[0] in new_heads and name.endswith("bias"):
+            tensors[name] = torch.zeros(p.shape)  # BERT's initialisation
+        elif name not in tensors and name.split(".")[0] in new_heads:
+            tensors[name] = torch.randn(p.shape) * config.initializer_range
         elif name not in tensors:
             raise CheckpointError(f"{path}: missing key for {name}")
         elif tensors[name].shape != p.shape:
-            raise CheckpointError(f"{path}: key {keys[name]!r} has shape {tuple(tensors[name].shape)}, "
+            shape = tuple(tensors[name].shape)
+            raise CheckpointError(f"{path}: key {names[name]!r} has shape {shape}, "
                                   f"the config asks for {tuple(p.shape)}")
     model.load_state_dict(tensors, strict=True, assign=True)
     return model, new_heads
 
 
 def load_tokenizer(model_dir):
-    """WordPiece tokenizer from tokenizer.json or vocab.txt, lower-casing/accents as the checkpoint was trained."""
+    """WordPiece tokenizer from tokenizer.json or vocab.txt, lower-casing/accents as the checkpoint
+    was trained."""
     d = Path(model_dir)
     if (d / "tokenizer.json").is_file():
         tok = Tokenizer.from_file(readable(d / "tokenizer.json", CheckpointError))
     elif (d / "vocab.txt").is_file():
-        conf = read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").is_file() else {}
-        tok = Tokenizer(models.WordPiece.from_file(readable(d / "vocab.txt", CheckpointError), unk_token="[UNK]"))
-        # Without a tokenizer config, an uncased model is recognised by its name (HF's own convention);
+        conf = {}
+        if (d / "tokenizer_config.json").is_file():
+            conf = read_json(d / "tokenizer_config.json")
+        vocab = readable(d / "vocab.txt", CheckpointError)
+        tok = Tokenizer(models.WordPiece.from_file(vocab, unk_token="[UNK]"))
+        # Without a tokenizer config, an uncased model is recognised by its name (HF's own
+        # convention);
         # strip_accents=None means "strip when lower-casing", as in BERT's original BasicTokenizer.
-        tok.normalizer = normalizers.BertNormalizer(lowercase=conf.get("do_lower_case", "uncased" in d.name.lower()),
+        lowercase = conf.get("do_lower_case", "uncased" in d.name.lower())
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase,
                                                     strip_accents=conf.get("strip_accents"))
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     else:
         raise CheckpointError(f"{d}: neither tokenizer.json nor vocab.txt")
-    tok.no_padding()  # shipped tokenizer.json files may pad/truncate to a fixed length; we do our own
+    # shipped tokenizer.json files may pad/truncate to a fixed length; we do our own
+    tok.no_padding()
     tok.no_truncation()
     return tok
 
 
 @dataclass
-class Loaded:
+class LoadedBert:
     model: Bert
     config: BertConfig
     tokenizer: Tokenizer
     path: Path
-    new_heads: tuple  # heads the checkpoint lacked, freshly initialised (PALT trains and counts them)
+    # heads the checkpoint lacked, freshly initialised (PALT trains and counts them)
+    new_heads: tuple
     weights_sha256: str
 
 
@@ -269,4 +282,5 @@ def load_bert(model_dir):
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such model folder")
     model, new_heads = load_weights(path)
-    return Loaded(model, model.config, load_tokenizer(path), path, new_heads, sha256_file(path / "model.safetensors"))
+    sha = sha256_file(path / "model.safetensors")
+    return LoadedBert(model, model.config, load_tokenizer(path), path, new_heads, sha)

@@ -1,6 +1,7 @@
-"""Big rankings: what link prediction on FB15k-237 and WN18RR needs beyond the method (evaluate.py) — ranks kept on
-disk so a stopped ranking resumes, progress lines with an ETA, queries sharded over torchrun processes and gathered,
-seeded subsets that grow, and a stratified estimate of exact ranks that scores ~170 candidates a query."""
+"""Big rankings: what link prediction on FB15k-237 and WN18RR needs beyond the method (evaluate.py)
+— ranks kept on disk so a stopped ranking resumes, progress lines with an ETA, queries sharded over
+torchrun processes and gathered, seeded subsets that grow, and a stratified estimate of exact ranks
+that scores ~170 candidates a query."""
 import json, sys, time
 from pathlib import Path
 import numpy as np
@@ -13,7 +14,8 @@ NO_ROWS = np.zeros((0, 6), np.int64)  # no ranks yet: rows are (test triple, sid
 
 
 class Progress:
-    """done/total, rate and ETA on stderr, a line a minute; `whole` (units in the whole split) adds its time, once."""
+    """done/total, rate and ETA on stderr, a line a minute; `whole` (units in the whole split) adds
+    its time, once."""
 
     def __init__(self, total, unit, enabled=True, whole=None, first=15):
         self.total, self.unit, self.enabled, self.whole, self.done = total, unit, enabled, whole, 0
@@ -21,37 +23,58 @@ class Progress:
         self.shown, self.printed = self.t0 - 60 + first, -1
 
     def update(self, n, force=False):
+        """n more done; a line if a minute has passed since the last (force: if anything is new)."""
         self.done, now = self.done + n, time.time()
-        if self.enabled and (force and self.printed != self.done or now - self.shown > 60):
-            rate = self.done / max(now - self.t0, 1e-9)
-            hms = lambda s: f"{int(s) // 3600}:{int(s) // 60 % 60:02d}:{int(s) % 60:02d}"
-            speed = f"{rate:,.1f}/s" if rate >= 1 else f"{1 / rate:,.1f} s each" if rate else "?/s"
-            eta = hms((self.total - self.done) / rate) if rate else "?"
-            whole = (f"; the whole split ({self.whole:,}) would take {hms(self.whole / rate)} here"
-                     if self.whole and rate else "")
-            print(f"{self.done:,}/{self.total:,} {self.unit} ({speed}, ETA {eta}{whole})", file=sys.stderr, flush=True)
-            self.shown, self.whole, self.printed = now, None, self.done
+        due = force and self.printed != self.done or now - self.shown > 60
+        if not (self.enabled and due):
+            return
+        rate = self.done / max(now - self.t0, 1e-9)
+        speed, eta, whole = "?/s", "?", ""
+        if rate >= 1:
+            speed = f"{rate:,.1f}/s"
+        elif rate:
+            speed = f"{1 / rate:,.1f} s each"
+        if rate:
+            eta = hms((self.total - self.done) / rate)
+        if self.whole and rate:
+            whole = f"; the whole split ({self.whole:,}) would take {hms(self.whole / rate)} here"
+        print(f"{self.done:,}/{self.total:,} {self.unit} ({speed}, ETA {eta}{whole})",
+              file=sys.stderr, flush=True)
+        self.shown, self.whole, self.printed = now, None, self.done
+
+
+def hms(seconds):
+    """Seconds as H:MM:SS."""
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def read_rows(path, n_triples):
-    """The (n, 6) rows saved in one state file, or one line naming it: never a traceback, never a pickle."""
+    """The (n, 6) rows saved in one state file, or one line naming it: never a traceback, never a
+    pickle."""
     try:
         with np.load(path, allow_pickle=False) as z:
             rows = z["rows"]
         shape_ok = rows.ndim == 2 and rows.shape[1] == 6 and rows.dtype.kind in "iu"
-        if not shape_ok or len(rows) and not (0 <= rows[:, 0].min() and rows[:, 0].max() < n_triples
-                                              and set(rows[:, 1]) <= {0, 1} and rows[:, 2:].min() >= 1):
-            raise ValueError(f"rows of shape {rows.shape} and dtype {rows.dtype} that are not ranks of the test set")
-    except Exception as e:  # truncated, not a zip, other arrays; numpy's words about pickles invite unsafe loading
-        why = "pickled objects, which are never loaded" if "pickle" in str(e) else f"{type(e).__name__}: {e}"
-        raise SystemExit(f"error: {path}: damaged ranking state ({why}); delete it (or the folder {path.parent}) "
-                         "to start over") from None
+        ranks_ok = not len(rows) or (0 <= rows[:, 0].min() and rows[:, 0].max() < n_triples
+                                     and set(rows[:, 1]) <= {0, 1} and rows[:, 2:].min() >= 1)
+        if not (shape_ok and ranks_ok):
+            raise ValueError(f"rows of shape {rows.shape} and dtype {rows.dtype} that are not "
+                             "ranks of the test set")
+    # truncated, not a zip, other arrays; numpy's words about pickles invite unsafe loading
+    except Exception as e:
+        why = f"{type(e).__name__}: {e}"
+        if "pickle" in str(e):
+            why = "pickled objects, which are never loaded"
+        raise SystemExit(f"error: {path}: damaged ranking state ({why}); delete it (or the folder "
+                         f"{path.parent}) to start over") from None
     return rows.astype(np.int64)
 
 
 class State:
-    """The ranks finished so far, in a folder: settings.json (a rerun with other settings refuses rather than mix) and
-    one rows .npz per rank, replaced atomically: a killed run restarts from its last save. `prior`: all ranks' saves."""
+    """The ranks finished so far, in a folder: settings.json (a rerun with other settings refuses
+    rather than mix) and one rows .npz per rank, replaced atomically: a killed run restarts from its
+    last save. `prior`: all ranks' saves."""
 
     def __init__(self, folder, settings, ddp_rank, T):
         self.folder, self.path = Path(folder), Path(folder) / f"rank{ddp_rank}.npz"
@@ -60,29 +83,35 @@ class State:
             try:
                 was = json.loads(saved.read_text())
             except (OSError, ValueError) as e:
-                raise SystemExit(f"error: {saved}: damaged ranking state ({e}); delete {self.folder} "
-                                 "to start over") from None
+                raise SystemExit(f"error: {saved}: damaged ranking state ({e}); delete "
+                                 f"{self.folder} to start over") from None
             for k, v in settings.items():
                 if was.get(k) != v:
-                    raise SystemExit(f"error: {self.folder} holds ranks made with {k} {was.get(k)}, not {v}: "
-                                     "give another --out, or delete it to start over")
+                    raise SystemExit(f"error: {self.folder} holds ranks made with {k} "
+                                     f"{was.get(k)}, not {v}: give another --out, or delete it to "
+                                     "start over")
         elif ddp_rank == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
             files.write_atomic(saved, lambda f: f.write(json.dumps(settings, indent=1).encode()))
-        self.prior = np.concatenate([NO_ROWS, *(read_rows(f, T) for f in sorted(self.folder.glob("rank*.npz")))])
+        saves = sorted(self.folder.glob("rank*.npz"))
+        self.prior = np.concatenate([NO_ROWS, *(read_rows(f, T) for f in saves)])
         self.new, self.old = [], [read_rows(self.path, T)] if self.path.exists() else []
 
     def save(self):
         try:
-            files.write_atomic(self.path, lambda f: np.savez(f, rows=np.concatenate([NO_ROWS, *self.old, *self.new])))
+            rows = np.concatenate([NO_ROWS, *self.old, *self.new])
+            files.write_atomic(self.path, lambda f: np.savez(f, rows=rows))
         except OSError as e:
-            raise SystemExit(f"error: cannot save the ranking state {self.path} ({e.strerror or e}); the previous "
-                             f"save is kept: make room, and the same command resumes from {self.folder}") from None
+            why = e.strerror or e
+            raise SystemExit(f"error: cannot save the ranking state {self.path} ({why}); "
+                             "the previous save is kept: make room, and the same command resumes "
+                             f"from {self.folder}") from None
 
 
 def select(T, limit, seed, ordered=False):
-    """All T test triples, or a seeded random `limit` of them: the first `limit` of one seeded permutation, so that
-    the subset of a smaller limit is part of any larger one's (an estimate can grow). Sorted, or in that order."""
+    """All T test triples, or a seeded random `limit` of them: the first `limit` of one seeded
+    permutation, so that the subset of a smaller limit is part of any larger one's (an estimate can
+    grow). Sorted, or in that order."""
     if not limit or limit >= T:
         return np.arange(T)
     first = np.random.default_rng(seed).permutation(T)[:limit]
@@ -90,39 +119,136 @@ def select(T, limit, seed, ordered=False):
 
 
 def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None):
-    """(ranks, candidates scored a query): unbiased estimates of the filtered realistic ranks of `tri` as head and tail
-    against every candidate. Per query the hard stratum (its entity, the entities `near` it and near its answer) is
-    scored whole and counts once; `draws` uniform draws from the rest (and from middle(side, r) -> (pool, draws), if
-    given) count for (stratum)/(draws) each. MRR's top is exact where the hard stratum holds the rivals (RESULTS.md)."""
+    """(ranks, candidates scored a query): unbiased estimates of the filtered realistic ranks of
+    `tri` as head and tail against every candidate. Per query the hard stratum (its entity, the
+    entities `near` it and near its answer) is scored whole and counts once; `draws` uniform draws
+    from the rest (and from middle(side, r) -> (pool, draws), if given) count for (stratum)/(draws)
+    each. MRR's top is exact where the hard stratum holds the rivals (RESULTS.md)."""
     rng, cand, batch, parts = np.random.default_rng(seed), lpq.candidates, [], []
-    for i, side in ((i, side) for i in tri for side in (0, 1)):  # side 0 asks (?, r, e), side 1 (e, r, ?)
+    # side 0 asks (?, r, e), side 1 (e, r, ?)
+    for i, side in ((i, side) for i in tri for side in (0, 1)):
         q = lpq.triple_query[i, side]
         (_, r, e), answer = lpq.queries[q], cand[lpq.target[i, side]]
-        known = cand[lpq.filter_pos[lpq.filter_ptr[q]:lpq.filter_ptr[q + 1]]]  # the answer and the other facts
+        # the answer and the other facts
+        known = cand[lpq.filter_pos[lpq.filter_ptr[q]:lpq.filter_ptr[q + 1]]]
         hard = np.setdiff1d(np.intersect1d(np.append(near[[e, answer]].ravel(), e), cand), known)
         pool, n = middle(side, r) if middle else (hard[:0], 0)
         mid = np.setdiff1d(np.intersect1d(pool, cand), np.union1d(hard, known))
-        strata = [(hard, len(hard)), (mid, n), (np.setdiff1d(cand, np.concatenate([hard, mid, known])), draws)]
+        rest = np.setdiff1d(cand, np.concatenate([hard, mid, known]))
+        strata = [(hard, len(hard)), (mid, n), (rest, draws)]
         drawn = [rng.choice(s, min(k, len(s)), replace=False) for s, k in strata]
         c = np.concatenate([[answer], *drawn])
-        batch.append(np.stack([c, np.full_like(c, r), np.full_like(c, e)][::1 if side == 0 else -1], 1))
+        columns = [c, np.full_like(c, r), np.full_like(c, e)]  # (c, r, e): c is the head
+        if side == 1:
+            columns = columns[::-1]  # (e, r, c): c is the tail
+        batch.append(np.stack(columns, 1))
         parts.append([(len(d), len(s) / max(1, len(d))) for d, (s, _) in zip(drawn, strata)])
     scores, at, ranks = scorer.numpy(np.concatenate(batch)), 0, []
     for part in parts:  # per query: the answer's score, then each stratum's candidates
         width = 1 + sum(k for k, _ in part)
         s, at = scores[at:at + width], at + width
-        beats, ends = (s[1:] > s[0]) + 0.5 * (s[1:] == s[0]), np.cumsum([k for k, _ in part])  # ties count half
+        # ties count half
+        beats, ends = (s[1:] > s[0]) + 0.5 * (s[1:] == s[0]), np.cumsum([k for k, _ in part])
         ranks.append(1 + sum(w * beats[end - k:end].sum() for (k, w), end in zip(part, ends)))
     return np.array(ranks), round(len(scores) / max(1, len(parts)))
 
 
 def gather_rows(x):
-    """Every rank's (n_r, ...) tensor concatenated in rank order, n_r may differ: all_gather of padded tensors."""
+    """Every rank's (n_r, ...) tensor concatenated in rank order, n_r may differ: all_gather of
+    padded tensors."""
     if not dist.is_initialized():
         return x
-    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(dist.get_world_size())]
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(world)]
     dist.all_gather(sizes, torch.tensor([len(x)], device=x.device))
-    padded = torch.cat([x, x.new_zeros((max(1, int(max(sizes))) - len(x), *x.shape[1:]))])  # all of one length
+    # all of one length
+    padded = torch.cat([x, x.new_zeros((max(1, int(max(sizes))) - len(x), *x.shape[1:]))])
     parts = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(parts, padded)
     return torch.cat([p[:int(n)] for p, n in zip(parts, sizes)])
+
+
+def ranked_rows(run, lpq, kg, info, state_dir, rank, scorer, ddp_rank, world_size):
+    """(ranks (2 len(tri), 6), tri, counts, State): the ranks of every (or --limit seeded random)
+    test triple as head and as tail, from rank(queries, block) (evaluate.rank_queries), sharded over
+    the ranks and saved as they come: a stopped ranking resumes. The state keeps every test triple a
+    scored query ranks: a larger --limit (same seed) scores only unseen queries."""
+    T, C = len(lpq.target), len(lpq.candidates)
+    first = select(T, run.limit, run.seed, ordered=True)
+    tri, estimate = np.sort(first), len(first) < T
+    # queries in the order the permutation first asks them: a ranking stopped anywhere has ranked
+    # whole triples at the subset's start, so a smaller --limit answers from its state at once
+    asked = lpq.triple_query[first].ravel()
+    needed = asked[np.sort(np.unique(asked, return_index=True)[1])]
+    mine = needed[ddp_rank::world_size]  # round robin: every rank gets head and tail queries alike
+    settings = dict(checkpoint_sha256=info["identity"], data=kg.name,
+                    data_fingerprint=kg.fingerprint, text=info["text"], prompts=info["prompts"],
+                    max_seq_length=info["max_seq_length"], split=run.split,
+                    candidates=run.candidates, seed=run.seed, dtype=scorer.dtype)
+    state = State(state_dir, settings, ddp_rank, T)
+    if dist.is_initialized():
+        dist.barrier()  # every rank has read the old state before any rank writes
+    # the queries of the saved ranks
+    ranked = lpq.triple_query[state.prior[:, 0], state.prior[:, 1]]
+    # only these: a block of saved and new queries would score the saved again
+    todo = mine[~np.isin(mine, ranked)]
+    resumed = int(np.isin(needed, ranked).sum())
+    fresh = len(needed) - resumed  # a resumed ranking scores only the queries not yet saved
+    if ddp_rank == 0:  # the cost, before any of it is spent
+        print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries, "
+              f"{resumed:,} ranked before (in {state.folder}): {fresh:,} x {C:,} candidates = "
+              f"{fresh * C:,} pairs to score", file=sys.stderr)
+    whole = None
+    if estimate:  # per rank, as the rate is
+        whole = -(-len(np.unique(lpq.triple_query)) // world_size)
+    unit = "queries" + (f" on rank 0 of {world_size}" if world_size > 1 else "")
+    progress = Progress(len(todo), unit, ddp_rank == 0, whole)
+    save_as_they_come(run, state, progress, rank(todo, max(1, run.block_rows // C)))
+    # process 0 brings the earlier runs' ranks
+    mine_rows = np.concatenate([state.prior if ddp_rank == 0 else NO_ROWS, *state.new])
+    rows = gather_rows(torch.from_numpy(mine_rows).to(scorer.device)).cpu().numpy()
+    # one per triple, side
+    rows = rows[np.unique(rows[:, 0] * 2 + rows[:, 1], return_index=True)[1]]
+    rows = rows[np.isin(rows[:, 0], tri)]  # the state may hold more triples than this --limit asks
+    if len(rows) != 2 * len(tri):
+        raise SystemExit(f"error: {len(rows)} of {2 * len(tri)} ranks found; remove {state.folder} "
+                         "and run again")
+    counts = dict(test_triples=T, ranked_triples=len(tri), queries=len(needed), candidates=C,
+                  resumed_queries=resumed, scored_triples=fresh * C)  # scored_triples: by this run
+    return rows, tri, counts, state
+
+
+def save_as_they_come(run, state, progress, blocks):
+    """Each ranked block into the state, saved every --save-every seconds and at the end; Ctrl-C
+    (SIGINT) keeps every finished query."""
+    saved = time.time()
+    try:
+        for qs, rows in blocks:
+            state.new.append(rows)
+            progress.update(len(qs))
+            stop = run.stop_after_queries is not None and progress.done >= run.stop_after_queries
+            if stop or time.time() - saved >= run.save_every:
+                state.save()
+                saved = time.time()
+            if stop:
+                raise SystemExit(f"stopped after {progress.done} queries; the same command resumes "
+                                 f"from {state.folder}")
+    except KeyboardInterrupt:
+        state.save()
+        raise SystemExit(f"stopped after {progress.done} queries (Ctrl-C); the same command "
+                         f"resumes from {state.folder}") from None
+    state.save()
+    progress.update(0, force=True)
+
+
+def score_all(scorer, triples, block_rows, ddp_rank, world_size, progress):
+    """Scores (N,) float64 of all triples; each rank scores every world-th one, then all are
+    gathered."""
+    idx = np.arange(len(triples))[ddp_rank::world_size]
+    parts = [torch.zeros(0, device=scorer.device)]
+    for i in range(0, len(idx), block_rows):
+        parts.append(scorer(triples[idx[i:i + block_rows]]))
+        progress.update(len(parts[-1]))
+    s = torch.cat(parts).double()
+    both = gather_rows(torch.stack([torch.from_numpy(idx).to(s), s], 1)).cpu().numpy()
+    return both[np.argsort(both[:, 0]), 1]  # in the triples' order

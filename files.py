@@ -1,24 +1,28 @@
-"""Files, the ground floor every other module stands on: reading and writing them safely (one-line errors, atomic
-writes) and naming them relative to the project. Imports nothing of the project."""
+"""Files, the ground floor every other module stands on: reading and writing them safely (one-line
+errors, atomic writes) and naming them relative to the project. Imports nothing of the project."""
 import hashlib, os, tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent  # the project: shipped adapters in ROOT/weights, paths in results relative to it
+# the project: shipped adapters in ROOT/weights, paths in results relative to it
+ROOT = Path(__file__).resolve().parent
 
 
 def readable(path, error=OSError):
-    """str(path) once open() works on it, else `error` in one line: safetensors and tokenizers report every failed
-    open as "not found", but a file without read permission is not missing."""
+    """str(path) once open() works on it, else `error` in one line: safetensors and tokenizers
+    report every failed open as "not found", but a file without read permission is not missing."""
     try:
         open(path, "rb").close()
     except OSError as e:  # a folder counts as missing
-        raise error(f"{path}: " + ("cannot read it (permission denied)" if isinstance(e, PermissionError)
-                                   else "no such file")) from None
+        why = "no such file"
+        if isinstance(e, PermissionError):
+            why = "cannot read it (permission denied)"
+        raise error(f"{path}: {why}") from None
     return str(path)
 
 
 def read_text(path, error=OSError):
-    """(bytes, text) of a UTF-8 file (a BOM dropped), else `error` in one line naming the file and the line."""
+    """(bytes, text) of a UTF-8 file (a BOM dropped), else `error` in one line naming the file and
+    the line."""
     raw = Path(readable(path, error)).read_bytes()
     try:
         return raw, raw.decode("utf-8-sig")
@@ -28,8 +32,8 @@ def read_text(path, error=OSError):
 
 
 def write_atomic(path, write):
-    """write(f) into path.tmp, then rename it over path: a kill, or a disk that fills, keeps the previous file.
-    An OSError (disk full, permissions) comes out after the .tmp is removed."""
+    """write(f) into path.tmp, then rename it over path: a kill, or a disk that fills, keeps the
+    previous file. An OSError (disk full, permissions) comes out after the .tmp is removed."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -43,8 +47,8 @@ def write_atomic(path, write):
 
 
 def check_writable(folder, what):
-    """Fail now, in one line, not after hours of work: files must be creatable in `folder`, or in the nearest
-    existing folder above it (folders are made only when something is written)."""
+    """Fail now, in one line, not after hours of work: files must be creatable in `folder`, or in
+    the nearest existing folder above it (folders are made only when something is written)."""
     folder = Path(folder)
     while not folder.exists():
         folder = folder.parent
@@ -57,7 +61,8 @@ def check_writable(folder, what):
 
 
 def project_path(path):
-    """How results name a file: relative to the project, else its folder and name (never a machine's absolute path)."""
+    """How results name a file: relative to the project, else its folder and name (never a machine's
+    absolute path)."""
     p = Path(path).resolve()
     return str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else Path(*p.parts[-2:]))
 

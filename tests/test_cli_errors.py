@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from conftest import make_bert_dir, write_tiny_kg
 
 ROOT = Path(__file__).resolve().parents[1]
-ARGPARSE, REFUSED, CRASHED = 2, 1, 3  # exit codes: argparse's, SystemExit("error: ..."), PALT_TEST_CRASH_AT_STEP's
+ARGPARSE, REFUSED, CRASHED = 2, 1, 3  # exit codes: argparse's, SystemExit("error: ..."), tests/crash_at_step.py's
 
 # train.py on the tiny umls copy; 60 train triples / batch 6 = 10 steps per epoch. fp32 and (in cli's environment)
 # one thread make the arithmetic deterministic, so a resumed run can be compared bit for bit.
@@ -423,7 +423,7 @@ def test_a_kill_between_the_epoch_end_writes_resumes_from_the_state_to_the_unint
     settings, fp32, one thread) ended, bit for bit."""
     out = tmp_path / "run"
     argv = [a.format(**world.paths) for a in train(out=str(out))]
-    crash = cli(argv, PALT_TEST_CRASH_AT_STEP=str(STEPS_PER_EPOCH + 3))  # in epoch 2
+    crash = cli(["tests/crash_at_step.py", str(STEPS_PER_EPOCH + 3), *argv[1:]])  # in epoch 2
     assert crash.returncode == CRASHED and "Traceback" not in crash.stderr, crash.stderr
     assert meta(out / "state.safetensors")["epoch"] == 1 and meta(out / "ckpt.safetensors")["epoch"] == 1
     for name in ("best.safetensors", "ckpt.safetensors"):  # the kill came after these epoch-2 writes

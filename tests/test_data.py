@@ -10,7 +10,9 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 import hub
 import data
-from data import DataError, NegativeSampler, build_batch, encode, load_kg, lp_queries, seq_lengths
+import graphs
+from data import NegativeSampler, build_batch, encode, lp_queries, seq_lengths
+from graphs import DataError, load_kg
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -63,9 +65,9 @@ def kg(tmp_path):
 
 def test_data_root_is_arg_then_env_then_data(monkeypatch):
     monkeypatch.setenv("PALT_DATA", "/somewhere")
-    assert data.data_root("x") == Path("x") and data.data_root() == Path("/somewhere")
+    assert graphs.data_root("x") == Path("x") and graphs.data_root() == Path("/somewhere")
     monkeypatch.delenv("PALT_DATA")
-    assert data.data_root() == Path("data")
+    assert graphs.data_root() == Path("data")
 
 
 def test_load_maps_ids_to_indices_and_collects_facts(kg):
@@ -478,13 +480,13 @@ README_COUNTS = {  # ../shared/data/README.md: split entities, text lines, relat
 
 @pytest.mark.parametrize("name", README_COUNTS)
 def test_every_shared_dataset_has_the_readme_counts(name):
-    if not (SHARED / data.DATASETS[name][0]).is_dir():
+    if not (SHARED / graphs.DATASETS[name][0]).is_dir():
         pytest.skip(f"no {name} in {SHARED}")
     kg = load_kg(name, SHARED)
     assert (len(kg.split_entities), len(kg.entities), len(kg.relations), len(kg.train), len(kg.dev), len(kg.test)) \
         == README_COUNTS[name]
     if kg.task == "tc":
         assert kg.dev_labels.sum() * 2 == len(kg.dev) and kg.test_labels.sum() * 2 == len(kg.test)
-    folder = data.DATASETS[name][0]
+    folder = graphs.DATASETS[name][0]
     for file, sha in hub.checksums()[folder].items():  # data.sha256, what download() checks, fits these files
         assert hub.sha256_file(SHARED / folder / file) == sha, file

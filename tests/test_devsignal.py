@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import bigrank, data, evaluate, palt
+import bigrank, checkpoints, data, evaluate, graphs, palt
 from conftest import FnScorer, make_bert_dir, write_tiny_kg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ def ranked(tmp_path_factory):
     root = tmp_path_factory.mktemp("devsignal")
     words = write_tiny_kg(root / "data", "umls")  # 24 entities, 6 dev triples
     base = make_bert_dir(root / "bert", words, layers=2)
-    kg = data.load_kg("umls", root / "data")
+    kg = graphs.load_kg("umls", root / "data")
     pairs = []
     for seed in (1, 2):
         torch.manual_seed(seed)
@@ -26,7 +26,7 @@ def ranked(tmp_path_factory):
         with torch.no_grad():
             model.calib["1"].weight.normal_(0, 0.5)  # W_c starts at zero: make the two checkpoints differ
         ckpt = root / f"c{seed}.safetensors"
-        palt.save_checkpoint(ckpt, model, {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls",
+        checkpoints.save_checkpoint(ckpt, model, {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls",
                                            "data_fingerprint": kg.fingerprint, "text": "name", "prompts": [1, 0, 0],
                                            "max_seq_length": 16})
         evaluate.main(["--lp", "--split", "dev", "--limit", "5", "--ckpt", str(ckpt), "--data-dir", str(root / "data"),
@@ -46,7 +46,7 @@ def test_a_sample_holding_every_entity_is_the_exact_ranking(ranked):
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 2 and all(row["triples"] == 5 for row in rows)
-    for row, (ckpt, state) in zip(rows, pairs):
+    for row, (_, state) in zip(rows, pairs):
         exact = json.loads((root / f"{state.name[:-len('.state')]}.json").read_text())
         assert row["exact"] == pytest.approx(exact["metrics"]["filtered"]["both"]["realistic"]["mrr"])
         assert row["random"] == pytest.approx(row["exact"]) and "near 3" not in row
@@ -62,7 +62,7 @@ def test_self_wins_is_the_share_of_dev_queries_whose_own_entity_outscores_the_an
     root, kg, pairs = ranked
     r = devsignal(root, f"{pairs[0][0]}={pairs[0][1]}", "--near", "3")
     row = json.loads(r.stdout.splitlines()[0])
-    model, meta, loaded = palt.load_checkpoint(pairs[0][0])
+    model, meta, loaded = checkpoints.load_checkpoint(pairs[0][0])
     score = evaluate.Scorer(model.eval(), data.encode(kg, loaded.tokenizer), meta["prompts"], meta["max_seq_length"])
     dev = kg.dev[bigrank.select(len(kg.dev), 5, 0)]  # the 5 triples the state ranked
     wins = [float(score(np.array([own]))[0] > score(np.array([[h, rel, t]]))[0])

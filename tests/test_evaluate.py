@@ -7,7 +7,10 @@ import pytest
 import torch
 
 import bigrank
+import checkpoints
+import evalcli
 import data
+import graphs
 import evaluate
 import files
 import hub
@@ -114,7 +117,7 @@ def lp_root(tmp_path_factory):
 
 @pytest.mark.parametrize("candidates", ["split", "sample"])
 def test_filtered_and_raw_ranks_on_a_graph_where_they_differ(lp_root, candidates):
-    kg = data.load_kg("umls", lp_root)
+    kg = graphs.load_kg("umls", lp_root)
     # a candidate sample (train.py's cheap dev signal on big graphs) holds the answers, not every entity
     sample = np.unique(kg.test[:, [0, 2]]) if candidates == "sample" else None
     lpq = data.lp_queries(kg, candidates=candidates if sample is None else sample)
@@ -144,7 +147,7 @@ def test_filtered_and_raw_ranks_on_a_graph_where_they_differ(lp_root, candidates
 @pytest.mark.parametrize("graph", ["hand-made", "umls"])
 def test_the_fast_ranking_equals_the_naive_definition(graph, lp_root):
     """rank_queries (blocks of queries, one mask, one op) against naive_ranks (a loop over each triple and side)."""
-    kg = data.load_kg("umls", lp_root if graph == "hand-made" else os.environ.get("PALT_DATA") or ROOT.parent /
+    kg = graphs.load_kg("umls", lp_root if graph == "hand-made" else os.environ.get("PALT_DATA") or ROOT.parent /
                       "shared" / "data")
     lpq = data.lp_queries(kg)
     tri = np.arange(len(kg.test)) if graph == "hand-made" else np.random.default_rng(0).choice(len(kg.test), 25)
@@ -160,7 +163,7 @@ def test_the_stratified_estimate_is_the_exact_rank_when_it_draws_everything_and_
     """train.py --dev-near: the hard stratum is scored whole and counts once; each draw from the rest counts for
     (rest)/(draws). Drawing all of the rest gives the exact filtered realistic ranks (ties half); drawing 2, their
     mean over seeds; the hard stratum (some entities 'near' each one) never changes what is estimated."""
-    kg = data.load_kg("umls", lp_root)
+    kg = graphs.load_kg("umls", lp_root)
     lpq = data.lp_queries(kg, "test")
     table = np.random.default_rng(2).integers(0, 4, size=(10, 2, 10)).astype(np.float32)  # score of (h, r, t), ties
     score = FnScorer(lambda t: table[t[:, 0], t[:, 1], t[:, 2]])
@@ -318,9 +321,9 @@ def trained(tiny_bert, lp_root, tmp_path_factory):
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(prompts=(2, 1, 1), calib_layers=(0,)))
     with torch.no_grad():
         model.calib["0"].weight.normal_(0, 0.3)  # W_c starts at zero; make it matter
-    kg = data.load_kg("umls", lp_root)
+    kg = graphs.load_kg("umls", lp_root)
     path = tmp_path_factory.mktemp("run") / "ckpt.safetensors"
-    palt.save_checkpoint(path, model, {"model": str(tiny_bert), "weights_sha256": loaded.weights_sha256, "data": "umls",
+    checkpoints.save_checkpoint(path, model, {"model": str(tiny_bert), "weights_sha256": loaded.weights_sha256, "data": "umls",
                                        "data_fingerprint": kg.fingerprint, "text": "name", "prompts": [2, 1, 1],
                                        "max_seq_length": 12})
     return path, model.eval(), kg, data.encode(kg, loaded.tokenizer)
@@ -343,7 +346,7 @@ def long_rows(tiny_bert, lp_root):
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(prompts=(8, 4, 4), calib_layers=(0,)))
     with torch.no_grad():
         model.calib["0"].weight.normal_(0, 0.3)
-    kg = data.load_kg("umls", lp_root)
+    kg = graphs.load_kg("umls", lp_root)
     triples = np.array([(h, r, t) for h in range(len(kg.entities)) for r in range(2) for t in range(0, 10, 3)])
     return model.eval(), data.encode(kg, loaded.tokenizer), triples
 
@@ -380,7 +383,7 @@ def test_compiled_scorer_gives_the_eager_scores(long_rows, device):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, --compile needs no C++ compiler")
 def test_compile_without_a_cpu_compiler_is_one_line_before_the_model_loads(trained, lp_root, tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
-    monkeypatch.setattr(evaluate, "load_model", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr(evalcli, "load_model", lambda *a: pytest.fail("the model loaded"))
     with pytest.raises(SystemExit, match="^error: --compile on CPU needs a C\\+\\+ compiler"):
         evaluate.main(["--lp", "--data", "umls", "--data-dir", str(lp_root), "--ckpt", str(trained[0]), "--compile",
                        "--out", str(tmp_path / "r.json")])
@@ -460,7 +463,7 @@ def test_predict_scores_a_shortlist_says_so_and_builds_its_parts_once(trained, l
     lines = out.splitlines()[-4:]
     assert lines[0].startswith("(apple, part of, ?) over a shortlist of 8 of 10 candidates (anchor, nearest, type")
     scorer = evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device)
-    sha = palt.read_checkpoint(path, tensors=False)[1]["weights_sha256"]
+    sha = checkpoints.read_checkpoint(path, tensors=False)[1]["weights_sha256"]
     short = predict.Shortlist(kg, scorer, kg.split_entities, files.sha256_file(path), sha, 8)
     some, s = short(0, 0, 1)
     assert short.built == []  # both parts came from the cache
@@ -585,8 +588,8 @@ def test_triple_classification(tiny_bert, tmp_path, capsys, device):
     root = write_kg(tmp_path / "d", "WN11", TRAIN, dev.tolist(), test.tolist(), labels=(labels[0].tolist(), labels[1].tolist()))
     common = ["--tc", "--data", "wn11", "--data-dir", root, "--model", tiny_bert, "--dtype", "fp32"]
     got = run_cli(*common, "--out", tmp_path / "tc.json")["metrics"]
-    model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(**evaluate.ZERO_SHOT))
-    kg = data.load_kg("wn11", root)
+    model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(**palt.ZERO_SHOT))
+    kg = graphs.load_kg("wn11", root)
     enc = data.encode(kg, loaded.tokenizer)
     scorer = evaluate.Scorer(model.to(device), enc, (0, 0, 0), 192, device)
     s_dev, s_test = scorer.numpy(kg.dev), scorer.numpy(kg.test)
@@ -644,8 +647,8 @@ def test_bootstrap_interval_is_seeded_narrows_with_n_and_holds_the_full_set_valu
 def save_like(path, trained, **meta):
     """The `trained` checkpoint's tensors at path, its metadata changed or extended by meta."""
     src, model, *_ = trained
-    _, base = palt.read_checkpoint(src)
-    palt.save_checkpoint(path, model, {k: v for k, v in base.items() if k not in ("palt", "kind")} | meta)
+    _, base = checkpoints.read_checkpoint(src)
+    checkpoints.save_checkpoint(path, model, {k: v for k, v in base.items() if k not in ("palt", "kind")} | meta)
     return path
 
 
@@ -686,7 +689,7 @@ def test_a_run_folder_means_its_best_checkpoint_else_its_last(trained, lp_root, 
 
 def test_data_defaults_to_the_checkpoints_own_dataset(trained, tmp_path):
     root = write_kg(tmp_path / "d", "WN18RR", TRAIN, DEV, TEST)
-    kg = data.load_kg("wn18rr", root)
+    kg = graphs.load_kg("wn18rr", root)
     ckpt = save_like(tmp_path / "wn18rr.safetensors", trained, data="wn18rr", data_fingerprint=kg.fingerprint)
     assert run_cli("--lp", "--data-dir", root, "--ckpt", ckpt, "--out", tmp_path / "r.json", "--limit", 2)["data"] == "wn18rr"
     one_line_error(["--lp", "--data", "umls", "--data-dir", root, "--ckpt", ckpt], "was trained on wn18rr, not umls")
@@ -695,7 +698,7 @@ def test_data_defaults_to_the_checkpoints_own_dataset(trained, tmp_path):
 def test_without_ckpt_the_shipped_adapter_is_evaluated(trained, lp_root, tmp_path, monkeypatch, capsys):
     weights = tmp_path / "weights"
     save_like(weights / "palt-umls-minilm.safetensors", trained)
-    monkeypatch.setattr(evaluate.files, "ROOT", tmp_path)  # the project's own weights/ ...
+    monkeypatch.setattr(evalcli.files, "ROOT", tmp_path)  # the project's own weights/ ...
     monkeypatch.setattr(hub, "WEIGHTS", tmp_path / "elsewhere")  # ... whatever $PALT_WEIGHTS says
     monkeypatch.chdir(tmp_path)
     evaluate.main(["--lp", "--data-dir", str(lp_root), "--limit", "2"])  # --data: umls
@@ -725,7 +728,7 @@ def test_the_shipped_adapter_is_found_whatever_palt_weights_says(tmp_path):
 
 
 def test_outputs_are_checked_writable_before_the_model_loads(trained, lp_root, tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluate, "load_model", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(evalcli, "load_model", lambda *a: pytest.fail("the model was loaded"))
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "folder.json").mkdir()
     (tmp_path / "r.state").write_text("not the ranking state folder")
@@ -805,7 +808,7 @@ def test_a_graph_without_test_tsv_says_so_before_loading_the_model(trained, lp_r
     own = tmp_path / "own"
     shutil.copytree(lp_root / "umls", own)
     (own / "test.tsv").unlink()
-    kg = data.load_kg(own)
+    kg = graphs.load_kg(own)
     assert kg.task == "lp" and kg.test.shape == (0, 3) and len(kg.dev)
     ckpt = save_like(tmp_path / "c.safetensors", trained, data=str(own), data_fingerprint=kg.fingerprint)
     one_line_error(["--lp", "--ckpt", ckpt], re.escape(f"{own}/test.tsv: no such file (--lp needs it)"))

@@ -4,8 +4,8 @@ import json, os, subprocess, sys
 from pathlib import Path
 import pytest
 
-import data
-from palt import read_checkpoint
+import graphs
+from checkpoints import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "tests" / "example_kg"
@@ -33,7 +33,7 @@ def test_a_folder_trains_with_the_generic_settings_and_says_what_it_lacks(traine
     assert log.count("no relation2text.txt, so relation ids are their text") == 1
     assert "dev after epoch 1: mrr" in log and (out / "best.safetensors").is_file()
     _, meta = read_checkpoint(out / "ckpt.safetensors", tensors=False)
-    kg = data.load_kg(EXAMPLE)
+    kg = graphs.load_kg(EXAMPLE)
     assert meta["data"] == "tests/example_kg" and meta["data_fingerprint"] == kg.fingerprint and meta["text_file"] == "ids"
     assert kg.task == "lp" and "United States" in kg.ent_text and "capital of" in kg.rel_text
 
@@ -43,7 +43,7 @@ def test_link_prediction_and_predictions_on_it(trained, tmp_path):
     log = run("evaluate.py", "--lp", "--ckpt", out, "--dtype", "fp32")
     result = json.loads((out / "eval-example_kg-best-lp-test.json").read_text())
     assert result["data"] == "example_kg" and result["counts"]["ranked_triples"] == 5 and "filtered, realistic" in log
-    assert result["counts"]["candidates"] == len(data.load_kg(EXAMPLE).split_entities)
+    assert result["counts"]["candidates"] == len(graphs.load_kg(EXAMPLE).split_entities)
     log = run("evaluate.py", "--predict", "--ckpt", out, "?", "capital of", "france", "--topk", "3")
     assert "(?, capital of, France) over" in log
     (tmp_path / "q.tsv").write_text("Brazil\tofficial_language\t?\ntext:Switzerland\tlocated in\t?\n")
@@ -61,7 +61,7 @@ def test_a_labelled_test_set_makes_it_triple_classification(tmp_path):
         wrong = [(h, r, facts[(i + 1) % len(facts)][2]) for i, (h, r, _) in enumerate(facts)]
         (folder / f"{split}.tsv").write_text("".join("\t".join(t) + f"\t{label}\n" for pair in zip(facts, wrong)
                                                      for t, label in zip(pair, (1, -1))))
-    assert data.load_kg(folder).task == "tc"
+    assert graphs.load_kg(folder).task == "tc"
     run("train.py", "--data", folder, "--recipe", "cpu", "--max-steps", "2", "--out", tmp_path / "run")
     log = run("evaluate.py", "--tc", "--ckpt", tmp_path / "run", "--out", tmp_path / "tc.json")
     result = json.loads((tmp_path / "tc.json").read_text())

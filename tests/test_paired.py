@@ -6,7 +6,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import data, paired  # noqa: E402
+import graphs, paired  # noqa: E402
 
 
 def state(folder, ranks, **settings):
@@ -56,7 +56,7 @@ def test_by_relation_adds_a_row_per_relation_of_the_compared_triples(tmp_path):
     root = os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data")
     if not Path(root, "umls").is_dir():
         pytest.skip("needs the umls data")
-    kg = data.load_kg("umls", root)
+    kg = graphs.load_kg("umls", root)
     by_rel = {}
     for t, r in enumerate(kg.test[:, 1]):  # the first two test triples of two relations
         if len(by_rel.setdefault(int(r), [])) < 2 and (len(by_rel) <= 2 or int(r) in by_rel):

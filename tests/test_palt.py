@@ -4,7 +4,8 @@ import torch
 
 from bert import Bert, BertConfig, CheckpointError, load_bert
 from conftest import make_bert_dir
-from palt import PALT, PaltConfig, load_checkpoint, param_report, save_checkpoint
+from checkpoints import load_checkpoint, save_checkpoint
+from palt import PALT, PaltConfig, param_report
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -124,7 +125,7 @@ def test_every_unreadable_file_says_permission_denied_not_missing(base, tmp_path
     any file, so open() is mocked to refuse one."""
     import builtins, shutil, evaluate, files
     from conftest import write_tiny_kg
-    from data import DataError, load_kg
+    from graphs import DataError, load_kg
     model = shutil.copytree(base, tmp_path / "m")
     loaded = load_bert(model)
     ckpt = tmp_path / "c.safetensors"
@@ -152,9 +153,9 @@ def test_every_unreadable_file_says_permission_denied_not_missing(base, tmp_path
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU's precision")
 def test_bf16_on_a_cpu_without_native_bf16_warns_in_one_line(monkeypatch, capsys):
-    import palt
-    monkeypatch.setattr(palt, "cpu_has_native_bf16", lambda: False)
-    assert palt.init_distributed("bf16")[4] == "bf16"
+    import devices
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: False)
+    assert devices.init_distributed("bf16")[4] == "bf16"
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("warning: this CPU has no native bf16") and "emulated" in line
-    assert palt.init_distributed("fp32")[4] == "fp32" and capsys.readouterr().err == ""
+    assert devices.init_distributed("fp32")[4] == "fp32" and capsys.readouterr().err == ""

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from conftest import make_bert_dir, write_tiny_kg
 
-import data
+import checkpoints, data, graphs
 import evaluate
 import palt
 import plot
@@ -38,12 +38,12 @@ def tiny(tmp_path_factory):
     with torch.no_grad():
         for p in (model.W_p.weight, model.calib["1"].weight, model.calib["2"].weight):
             p.add_(torch.randn_like(p) * 0.1)
-    kg = data.load_kg("umls", root / "data")
+    kg = graphs.load_kg("umls", root / "data")
     meta = {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls",
             "data_fingerprint": kg.fingerprint, "text": "name", "prompts": list(PROMPTS),
             "max_seq_length": 64}
     ckpt = root / "palt.safetensors"
-    palt.save_checkpoint(ckpt, model, meta)
+    checkpoints.save_checkpoint(ckpt, model, meta)
     return {"data": root / "data", "ckpt": ckpt, "headless": headless, "model": model.eval(),
             "kg": kg, "enc": data.encode(kg, loaded.tokenizer), "tokenizer": loaded.tokenizer}
 
@@ -276,8 +276,8 @@ def test_the_papers_wn11_example_on_the_shipped_adapter():
     data_dir = os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data")
     if not Path(data_dir, "WN11").is_dir():
         pytest.skip(f"no WN11 data in {data_dir}")
-    model, meta, loaded = palt.load_checkpoint(ROOT / "weights" / "palt-wn11-minilm.safetensors")
-    kg = data.load_kg("wn11", data_dir, meta["text"])
+    model, meta, loaded = checkpoints.load_checkpoint(ROOT / "weights" / "palt-wn11-minilm.safetensors")
+    kg = graphs.load_kg("wn11", data_dir, meta["text"])
     enc = data.encode(kg, loaded.tokenizer)
     triple = [kg.entities.index("__evening_clothes_1"), kg.relations.index("_type_of"),
               kg.entities.index("__attire_1")]

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import bert, bigrank, data, evaluate, palt
+import bert, bigrank, checkpoints, data, devices, evalcli, evaluate, graphs
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTERS = {name: ROOT / "weights" / f"palt-{name}-minilm.safetensors"
@@ -18,14 +18,14 @@ def shipped(name):
     path, result = ADAPTERS[name], ROOT / "results" / f"palt-{name}-minilm.json"
     assert path.is_file() and path.stat().st_size < 8 * 2**20, f"{path}: missing, or over 8 MB"
     assert result.is_file(), f"{result}: the evaluation of {path.name} is missing"
-    if not Path(DATA, data.DATASETS[name][0]).is_dir():
+    if not Path(DATA, graphs.DATASETS[name][0]).is_dir():
         pytest.skip(f"no {name} data in {DATA}")
-    model, meta, loaded = palt.load_checkpoint(path)  # strict: the sha256 of the base model, every tensor's shape
+    model, meta, loaded = checkpoints.load_checkpoint(path)  # strict: the sha256 of the base model, every tensor's shape
     assert meta["data"] == name and loaded.weights_sha256 == meta["weights_sha256"]
-    kg = data.load_kg(name, DATA, meta["text"])
+    kg = graphs.load_kg(name, DATA, meta["text"])
     assert kg.fingerprint == meta["data_fingerprint"]  # trained on these very files
     result = json.loads(result.read_text())
-    assert result["train"] == evaluate.train_summary(meta) and meta["dev"]  # the JSON evaluates this training run
+    assert result["train"] == evalcli.train_summary(meta) and meta["dev"]  # the JSON evaluates this training run
     return model.eval(), meta, data.encode(kg, loaded.tokenizer), kg, result
 
 
@@ -33,7 +33,7 @@ def dtype_and_tolerance(result, exact):
     """The stored run's precision where this CPU runs it natively; else fp32 (emulated bf16 is ~100x slower), and
     then a few borderline scores may differ: a looser tolerance."""
     stored = result["settings"]["dtype"]
-    if stored == "fp32" or bert.resolve_dtype("auto", "cpu") == "bf16":
+    if stored == "fp32" or devices.resolve_dtype("auto", "cpu") == "bf16":
         return stored, exact
     return "fp32", 0.01
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import data, palt, train
+import checkpoints, data, devices, graphs, train, trainer
 from bert import load_bert
 from conftest import make_bert_dir, write_tiny_kg
 
@@ -47,9 +47,9 @@ def test_training_lowers_loss_and_leaves_bert_untouched(setup, tmp_path, capsys,
 
 
 def test_bf16_holds_the_frozen_linears_in_bf16_and_takes_bit_identical_steps(setup, tmp_path):
-    """autocast recasts a frozen weight at every call; train.build casts the frozen linear layers once instead."""
+    """autocast recasts a frozen weight at every call; trainer.build casts the frozen linear layers once instead."""
     run, cpu = train.parse_args(args(setup, tmp_path)), torch.device("cpu")
-    cast, plain = (train.build(run, dtype, cpu) for dtype in ("bf16", "fp32"))  # fp32: the weights as loaded
+    cast, plain = (trainer.build(run, dtype, cpu) for dtype in ("bf16", "fp32"))  # fp32: the weights as loaded
     for (model, *_), dtype in ((cast, torch.bfloat16), (plain, torch.float32)):
         assert {p.dtype for n, p in model.named_parameters() if ".layers." in n and "ln" not in n} == {dtype}
         assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}  # what trains stays fp32
@@ -88,7 +88,7 @@ def test_head_lr_scales_the_new_heads_only_and_weight_decay_skips_biases(setup, 
     for extra, head_scale in (([], 1.0), (["--head-lr", "3e-2"], 10.0)):
         a = args(setup, tmp_path, *extra)
         a[a.index("--model") + 1] = str(headless)
-        model, _, _, _, params, opt = train.build(train.parse_args(a), "fp32", torch.device("cpu"))
+        model, _, _, _, params, opt = trainer.build(train.parse_args(a), "fp32", torch.device("cpu"))
         group = {id(p): g for g in opt.param_groups for p in g["params"]}
         assert sum(len(g["params"]) for g in opt.param_groups) == len(params)
         for n, p in params.items():
@@ -102,7 +102,7 @@ def test_dev_every_adds_a_curve_and_changes_no_weight(setup, tmp_path, capsys):
                                              "--dev-every", "2", data="wn11")))
     for (n, a), b in zip(plain.state_dict().items(), curve.state_dict().values()):
         assert torch.equal(a, b), n  # evaluating in the middle of an epoch leaves training untouched
-    meta = train.read_checkpoint(tmp_path / "curve" / "ckpt.safetensors", tensors=False)[1]
+    meta = checkpoints.read_checkpoint(tmp_path / "curve" / "ckpt.safetensors", tensors=False)[1]
     steps = [d["step"] for d in meta["dev"]]
     per_epoch = steps[-1] // 2
     assert steps == sorted(set(range(2, 2 * per_epoch, 2)) | {per_epoch, 2 * per_epoch})  # never twice at an epoch's end
@@ -112,8 +112,8 @@ def test_dev_every_adds_a_curve_and_changes_no_weight(setup, tmp_path, capsys):
 
 def test_a_sampled_dev_ranking_is_labelled_in_the_log_and_the_checkpoint(setup, tmp_path, capsys):
     train.main(train.parse_args(args(setup, tmp_path, "--epochs", "1", "--dev-sample", "2", "--dev-limit", "3")))
-    dev = train.read_checkpoint(tmp_path / "ckpt.safetensors", tensors=False)[1]["dev"][-1]
-    everyone = len(train.load_kg("umls", setup[0] / "data").split_entities)
+    dev = checkpoints.read_checkpoint(tmp_path / "ckpt.safetensors", tensors=False)[1]["dev"][-1]
+    everyone = len(graphs.load_kg("umls", setup[0] / "data").split_entities)
     assert dev["sampled"] and dev["triples"] == 3 and 2 <= dev["candidates"] < everyone  # 2 + the answers
     assert f"on 3 dev triples against {dev['candidates']} sampled candidates" in capsys.readouterr().out
 
@@ -127,11 +127,12 @@ def test_a_recipe_fills_only_what_the_command_line_leaves_open():
     assert train.parse_args(["--data", "umls", "--recipe", "gpu", "--no-compile"]).compile is False
     gpu = train.parse_args(["--data", "wn18rr", "--recipe", "gpu"])
     assert (gpu.epochs, gpu.hard_negatives) == (10, 0.5)  # a GPU trains the paper's epochs, the sweep's choice
-    assert gpu.dev_every == 2500 and "dev_every" in train.RESUME_MAY_CHANGE  # the committed runs resume with it
+    assert gpu.dev_every == 2500 and "dev_every" in checkpoints.RESUME_MAY_CHANGE  # the committed runs resume with it
     assert train.parse_args(["--data", "wn18rr", "--recipe", "gpu", "--hard-negatives", "0"]).hard_negatives == 0
     assert cpu.hard_negatives == 0.0  # a recipe without them: none
     paper = train.parse_args(["--data", "wn18rr"])
-    assert (paper.negatives, paper.dev_sample, paper.prompts, paper.lr) == ((5, 5, 5), None, (10, 10, 10), 1e-5)
+    # the paper's big graphs pick their best by the stratified dev estimate (7e7a52a): 100 draws
+    assert (paper.negatives, paper.dev_sample, paper.prompts, paper.lr) == ((5, 5, 5), 100, (10, 10, 10), 1e-5)
 
 
 def run(cmd, **env):
@@ -178,7 +179,7 @@ def test_ddp_is_freed_before_its_process_group_is_destroyed(setup, tmp_path, mon
 def test_cudagraphs_are_refused_under_torchrun_before_the_model_loads(setup, tmp_path, monkeypatch):
     """DDP's gradient all-reduce runs inside the backward a CUDA graph would capture: one GPU only."""
     one_rank_group(monkeypatch)
-    monkeypatch.setattr(train, "build", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr(trainer, "build", lambda *a: pytest.fail("the model loaded"))
     with pytest.raises(SystemExit, match="^error: --cudagraphs trains on one GPU without DDP: leave it out under "
                                          "torchrun$"):
         train.main(train.parse_args(args(setup, tmp_path, "--compile", "--cudagraphs")))
@@ -193,11 +194,11 @@ def test_the_compiled_step_with_cudagraphs_trains_as_the_eager_step(setup, tmp_p
     each three times (on a GPU: the shape's warm-up, its graph's capture, a replay; on a CPU compiled alone)."""
     run = train.parse_args(args(setup, tmp_path, "--compile", "--cudagraphs", "--dtype", "fp32"))
     (eager, kg, enc, _, eager_params, eager_opt), (model, _, _, _, params, opt) = (
-        train.build(run, "fp32", device) for _ in range(2))
+        trainer.build(run, "fp32", device) for _ in range(2))
     # 6 positives + 6 "negatives", then 4 + 4: two shapes (the tiny graph's texts are all alike long)
     batches = [(data.build_batch(enc, kg.train[i:i + 2 * n], run.prompts, run.max_seq_length), n) for i, n in
                ((0, 6), (12, 4))]
-    forward = train.compiled(model, run)
+    forward = devices.compiled(model, run)
     assert forward is not model
     losses = []
     for m, f, p, o in ((eager, eager, eager_params, eager_opt), (model, forward, params, opt)):
@@ -219,9 +220,9 @@ def test_dropout_in_the_compiled_step_draws_its_masks_from_each_steps_seed(setup
                                                                     attention_probs_dropout_prob=0.1)))
     run = train.parse_args(args(setup, tmp_path / "out", "--compile", "--cudagraphs", "--dtype", "fp32", "--model",
                                 str(model_dir)))
-    model, kg, enc, _, params, opt = train.build(run, "fp32", device)
+    model, kg, enc, _, params, opt = trainer.build(run, "fp32", device)
     model.train()
-    forward, batch = train.compiled(model, run), data.build_batch(enc, kg.train[:12], run.prompts, run.max_seq_length)
+    forward, batch = devices.compiled(model, run), data.build_batch(enc, kg.train[:12], run.prompts, run.max_seq_length)
 
     def loss(seed):  # lr 0: the weights stay as they are, only the masks can move the loss
         torch.manual_seed(seed)
@@ -241,8 +242,8 @@ def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
     assert straight.returncode == 0, straight.stderr
     steps_per_epoch = len(list((setup[0] / "data" / "umls" / "train.tsv").read_text().splitlines())) // 6
     # killed in the middle of epoch 2, after a dev point (--dev-every 2) saved the resume state at its step
-    crash = run([sys.executable, "train.py", *args(setup, tmp_path / "crash", *pinned, "--dev-every", "2")],
-                OMP_NUM_THREADS="1", PALT_TEST_CRASH_AT_STEP=str(steps_per_epoch + 3))
+    crash = run([sys.executable, "tests/crash_at_step.py", str(steps_per_epoch + 3),
+                 *args(setup, tmp_path / "crash", *pinned, "--dev-every", "2")], OMP_NUM_THREADS="1")
     assert crash.returncode == 3
     resumed = run([sys.executable, "train.py", *args(setup, tmp_path / "crash", *pinned, "--resume")],
                   OMP_NUM_THREADS="1")
@@ -294,13 +295,13 @@ def test_ctrl_c_saves_and_ends_the_command_line_run(setup, tmp_path):
         proc.kill()
     assert proc.returncode == 0 and re.search(r"stopped at step \d+ \(SIGINT\)", rest), rest[-1000:]
     step = int(re.search(r"stopped at step (\d+)", rest).group(1))
-    saved = train.read_checkpoint(out / "state.safetensors", kind="train-state", tensors=False)[1]
+    saved = checkpoints.read_checkpoint(out / "state.safetensors", kind="train-state", tensors=False)[1]
     assert int(saved["step"]) == step and (out / "ckpt.safetensors").is_file()
 
 
 def test_a_failed_save_keeps_the_last_epoch_and_says_how_to_resume(setup, tmp_path, monkeypatch):
     import errno
-    real, calls = train.save_atomic, []
+    real, calls = checkpoints.save_atomic, []
 
     def disk_full_in_epoch_2(path, tensors, meta):
         calls.append(path.name)
@@ -308,14 +309,12 @@ def test_a_failed_save_keeps_the_last_epoch_and_says_how_to_resume(setup, tmp_pa
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, tensors, meta)
 
-    monkeypatch.setattr(train, "save_atomic", disk_full_in_epoch_2)  # the resume state
-    monkeypatch.setattr(palt, "save_atomic", disk_full_in_epoch_2)  # checkpoints: palt.save_checkpoint
+    monkeypatch.setattr(checkpoints, "save_atomic", disk_full_in_epoch_2)  # checkpoints and the resume state
     with pytest.raises(SystemExit, match=r"cannot write .*ckpt.safetensors \(No space left on device\); the previous "
                                          r"file is kept: fix that and run again with --resume to continue from the last saved state"):
         train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32")))
     state = load_file(tmp_path / "state.safetensors")  # the resume unit still says epoch 1, and --resume finishes
-    monkeypatch.setattr(train, "save_atomic", real)
-    monkeypatch.setattr(palt, "save_atomic", real)
+    monkeypatch.setattr(checkpoints, "save_atomic", real)
     model = train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32", "--resume")))
     assert "model.prompts" in state and calls.count("state.safetensors") == 1
     assert not torch.equal(state["model.prompts"], model.prompts.detach())  # epoch 2 trained after the resume

@@ -1,0 +1,196 @@
+"""train.py's command line: `Run` (each setting, its flag, default, help and bounds in one place),
+parse_args (PRESETS fill what is left open, then every flag is checked before anything loads), and
+the checks that train.py and evaluate.py share."""
+import argparse
+import math
+import re
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from graphs import DATASETS, TEXTS, DataError, dataset
+from devices import DTYPES
+
+# --hard-negatives draw from each entity's NEAR nearest entities; --dev-near takes the first
+NEAR = 32
+
+
+def int_list(s, n=()):
+    """'2,0,0' -> (2, 0, 0): n (allowed counts) non-negative integers, or without n any number, and
+    'none' -> ()."""
+    try:
+        t = tuple(int(x) for x in s.split(",")) if s != "none" or n else ()
+    except ValueError:
+        t = (-1,)
+    if (n and len(t) not in n) or min(t, default=0) < 0:
+        what = "layer numbers like 6,11, or none"
+        if n:
+            what = f"{' or '.join(map(str, n))} non-negative integers like 2,0,0"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+    return t
+
+
+def setting(default=None, help="", low=None, high=None, parse=None, choices=None):
+    """A Run field and its --flag: one home for the default, the help, the bounds (low: (value,
+    allowed itself); high: (value, what it is)), the text's parser and the choices. None:
+    PRESETS[recipe][data] fills it."""
+    meta = dict(help=help, low=low, high=high, parse=parse, choices=choices)
+    return field(default=default, metadata=meta)
+
+
+def negatives_list(s):
+    return int_list(s, (3, 4))
+
+
+def prompts_list(s):
+    return int_list(s, (3,))
+
+
+@dataclass
+class Run:
+    data: str = setting(help=f"{', '.join(DATASETS)}, or a folder with train.tsv (README)")
+    recipe: str = setting("paper", "PRESETS[recipe][data] fills every setting left open")
+    model: str = setting("minilm", "minilm, bert-base-cased, ..., or a folder with a BERT "
+                         "model.safetensors")
+    data_dir: str | None = setting(help="folder holding the datasets (default $PALT_DATA, else "
+                                   "data/)")
+    text: str = setting("name", "entity texts: names, long (umls, fb13), description (fb15k-237)",
+                        choices=TEXTS)
+    out: str | None = setting(help="checkpoint and log folder (default runs/<data>-<model>)")
+    epochs: int | None = setting(low=(1, True), help="passes over the train triples")
+    max_steps: int | None = setting(low=(1, True), help="stop (and schedule the lr) as if training "
+                                    "ended here")
+    lr: float | None = setting(low=(0, False), help="peak learning rate")
+    head_lr: float | None = setting(low=(0, False), help="lr of the heads the checkpoint lacked "
+                                    "(MiniLM's pooler and NSP head); default --lr")
+    batch: int | None = setting(low=(1, True), help="positive triples per step over all processes")
+    negatives: tuple | None = setting(parse=negatives_list, help="corruptions of head, relation, "
+                                      "tail per positive [, self-negatives (h, r, h), (t, r, t)], "
+                                      "e.g. 1,0,1,2")
+    prompts: tuple | None = setting(parse=prompts_list, help="b,m,e prompt tokens, e.g. 2,0,0")
+    calib: tuple | None = setting(parse=int_list, help="calibrated layers, e.g. 6,11, or none "
+                                  "(default: the middle and the last)")
+    no_wp: bool = setting(False, "ablation: no prompt encoder W_p")
+    prompt_mlp: bool = setting(False, "re-parametrise the prompts through an MLP")
+    finetune: bool = setting(False, "train the whole LM, no PALT parts (KG-BERT's row)")
+    dtype: str = setting("auto", "autocast: auto = bf16 on GPU and on CPUs with native bf16, else "
+                         "fp32", choices=DTYPES)
+    compile: bool | None = setting(help="torch.compile the step (recipe gpu does; on CPU it needs "
+                                   "g++)")
+    cudagraphs: bool = setting(False, "with --compile on one GPU: replay each padded length's step "
+                               "as a CUDA graph (torch.compile's reduce-overhead), not as hundreds "
+                               "of launches")
+    max_seq_length: int = setting(192, "every position the model sees, prompts included",
+                                  low=(4, True))
+    dev_limit: int | None = setting(low=(1, True), help="link prediction: dev triples ranked at "
+                                    "each dev point")
+    dev_sample: int | None = setting(low=(1, True), help="... against a seeded sample of N "
+                                     "entities, not all")
+    dev_every: int | None = setting(low=(1, True), help="also a dev point and a resume state every "
+                                    "N steps")
+    dev_near: int | None = setting(low=(1, True), high=(NEAR, "the nearest entities found once per "
+                                   "run"), help="... or estimate the exact ranks: the N nearest "
+                                   "scored, --dev-sample draws")
+    hard_negatives: float | None = setting(None, "the share of entity corruptions drawn from the "
+                                           "replaced one's nearest (default: the recipe's, else 0)",
+                                           low=(0, True), high=(1, "a share of the entity "
+                                                                "corruptions"))
+    warmup: float = setting(0.1, "linear warm-up, a fraction of the steps", low=(0, True),
+                            high=(1, "a fraction of the steps"))
+    weight_decay: float = setting(0.01, "AdamW's, on matrices only", low=(0, True))
+    grad_clip: float = setting(1.0, "gradient norm clipping", low=(0, False))
+    seed: int = setting(42, "order, negatives, new heads and dropout", low=(0, True))
+    log_every: int = setting(20, "steps between log lines", low=(1, True))
+    resume: bool = setting(False, "continue the run in --out from its last saved state")
+
+
+def flag(name):
+    """'dev_every' -> '--dev-every'."""
+    return "--" + name.replace("_", "-")
+
+
+def parser(description, presets):
+    """An argparse parser with one flag per Run field: type, default, help (recipe: presets' keys).
+    """
+    ap = argparse.ArgumentParser(description=description)
+    # '-1,0,0' and '-1e-3' are values (refused below with their own message), not unknown options
+    ap._negative_number_matcher = re.compile(r"^-\.?\d")
+    for f in fields(Run):
+        m = f.metadata
+        kind = next(t for t in typing.get_args(f.type) or (f.type,) if t is not type(None))
+        choices = tuple(presets) if f.name == "recipe" else m["choices"]
+        # a switch; a None default (the recipe decides) also takes --no-FLAG
+        if kind is bool and f.default is False:
+            ap.add_argument(flag(f.name), action="store_true", help=m["help"])
+        elif kind is bool:
+            ap.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, help=m["help"])
+        else:
+            ap.add_argument(flag(f.name), type=m["parse"] or kind, default=f.default,
+                            choices=choices, help=m["help"], required=f.name == "data")
+    return ap
+
+
+def parse_args(argv, presets, description):
+    """The Run of a command line: PRESETS[recipe][data] (data: a benchmark, else 'own') fills every
+    setting left open; every flag is checked here, before anything loads."""
+    ap = parser(description, presets)
+    run = Run(**vars(ap.parse_args(argv)))
+    try:
+        name = dataset(run.data, run.data_dir)[0]  # a benchmark's name, or a folder with train.tsv
+    except DataError as e:
+        ap.error(str(e))
+    if run.data.lower() in DATASETS:
+        run.data = name
+    for k, v in presets[run.recipe][run.data if run.data in DATASETS else "own"].items():
+        if getattr(run, k) is None:
+            setattr(run, k, v)
+    run.hard_negatives = run.hard_negatives or 0.0  # a recipe without them: none
+    check_run(ap, run)
+    if run.finetune:  # the paper's Finetuning row: the whole LM, none of PALT's parts
+        run.prompts, run.calib, run.no_wp = (0, 0, 0), (), True
+    check_seq_length(run.max_seq_length, sum(run.prompts))
+    run.out = run.out or f"runs/{name}-{Path(run.model).name}"
+    return run
+
+
+def check_run(ap, run):
+    """The bounds beside each field, and the flags that do not go together: one argparse error."""
+    check_limits(ap, run, {f.name: f.metadata["low"] for f in fields(Run) if f.metadata["low"]})
+    for f in fields(Run):
+        high, value = f.metadata["high"], getattr(run, f.name)
+        if high and value is not None and value > high[0]:
+            ap.error(f"{flag(f.name)}: at most {high[0]} ({high[1]}), not {value}")
+    if sum(run.negatives) == 0:
+        ap.error("--negatives 0,0,0 leaves no false triples to learn from: give at least one "
+                 "corruption per positive")
+    if run.negatives[3:] > (2,):
+        ap.error(f"--negatives: at most 2 self-negatives, (h, r, h) and (t, r, t), not "
+                 f"{run.negatives[3]}")
+    if run.cudagraphs and not run.compile:
+        ap.error("--cudagraphs replays the compiled step: it needs --compile (or --recipe gpu)")
+
+
+def check_limits(ap, args, limits):
+    """Numeric flags against their lower bounds {name: (low, low itself allowed)}: one argparse
+    error naming it."""
+    for k, (low, inclusive) in limits.items():
+        v = getattr(args, k)
+        if v is None:
+            continue
+        above = v >= low if inclusive else v > low
+        if above and math.isfinite(v):
+            continue
+        bound = "at least" if inclusive else "more than"
+        finite = "" if math.isfinite(v) else " and finite"
+        ap.error(f"{flag(k)} must be {bound} {low}{finite}, not {v}")
+
+
+def check_seq_length(max_seq_length, n_prompts, positions=None, model=None):
+    """--max-seq-length counts every position the model sees: the prompts, [CLS], two [SEP] and
+    some text."""
+    if max_seq_length < 4 + n_prompts:
+        raise SystemExit(f"error: --max-seq-length {max_seq_length} leaves no room for text: the "
+                         f"{n_prompts} prompt tokens, [CLS] and two [SEP] take {3 + n_prompts}")
+    if positions is not None and max_seq_length > positions:
+        raise SystemExit(f"error: --max-seq-length {max_seq_length} (prompts included) exceeds the "
+                         f"{positions} positions of {model}")
