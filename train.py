@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import evaluate
 import flags
+import plot
 from bert import CheckpointError
 from checkpoints import save_run
 from data import build_batch, seq_lengths
@@ -238,7 +239,7 @@ def dev_point(tr, epoch, names):
                 names = ["best", *names]
             where = f"after epoch {epoch}" if end else f"at step {history['step']} (epoch {epoch})"
             tr.log0(f"dev {where}: {line}" + (" (best so far)" if better else ""))
-            # the curve so far is history["dev"] (and log.txt): where a picture of it would be drawn
+            plot.write_curve(tr.out)  # curve.png beside log.txt, where matplotlib is installed
         save_run(tr.out, tr.model, tr.opt, tr.params, tr.meta | history, names)
     if tr.ddp:
         dist.barrier()  # the other ranks wait for rank 0's dev evaluation and saves

@@ -1,5 +1,5 @@
 """train.py: training lowers the loss, frozen tensors stay frozen, DDP equals one process, --resume replays exactly."""
-import json, os, re, shutil, signal, subprocess, sys
+import importlib.util, json, os, re, shutil, signal, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
@@ -108,6 +108,8 @@ def test_dev_every_adds_a_curve_and_changes_no_weight(setup, tmp_path, capsys):
     assert steps == sorted(set(range(2, 2 * per_epoch, 2)) | {per_epoch, 2 * per_epoch})  # never twice at an epoch's end
     assert [d["epoch"] for d in meta["dev"] if d["step"] % per_epoch == 0] == [1, 2] and meta["best_epoch"] in (1, 2)
     assert "dev at step 2 (epoch " in capsys.readouterr().out
+    if importlib.util.find_spec("matplotlib"):  # the curve drawn beside the log, at each dev point
+        assert (tmp_path / "curve" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_sampled_dev_ranking_is_labelled_in_the_log_and_the_checkpoint(setup, tmp_path, capsys):
