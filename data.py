@@ -60,11 +60,11 @@ def _part_lengths(enc, triples, max_seq_length):
     lens = np.stack([ent_len[triples[:, 0]], rel_len[triples[:, 1]], ent_len[triples[:, 2]]], 1)
     M = max_seq_length - 3
     s0, s1 = np.sort(lens, 1)[:, :2].T  # the two shortest parts
-    # the level, from the most to the fewest parts cut:
+    # the level: none cut, else the longest alone, else the two longest, else all three
     level = np.full(len(lens), np.iinfo(np.int64).max)  # none cut: they fit
     fits = lens.sum(1) <= M
-    all_cut = 3 * s0 >= M  # even the shortest is over M / 3
-    two_cut = s0 + 2 * s1 >= M  # the middle one is over what the longest would keep
+    all_cut = 3 * s0 >= M  # even the shortest has M / 3 or more
+    two_cut = s0 + 2 * s1 >= M  # the middle one has what the longest alone would keep, or more
     level = np.where(fits, level, M - s0 - s1)  # only the longest cut
     level = np.where(~fits & two_cut, (M - s0) // 2, level)
     level = np.where(~fits & all_cut, M // 3, level)
