@@ -13,19 +13,37 @@ import files
 NO_ROWS = np.zeros((0, 6), np.int64)  # no ranks yet: rows are (test triple, side, four ranks)
 
 
+EVERY_S = 50  # seconds between progress lines
+PIECE_S = 10  # seconds of work between progress updates, once the rate is measured
+
+
+def timed_pieces(n, first, most, seconds=PIECE_S):
+    """(start, end) spans covering range(n): the first `first` long (it measures the rate), the
+    rest sized by the rate so far to take about `seconds` each, at most `most`: a progress line at
+    least once a minute whatever the graph, the device and the block size."""
+    start, size, t0 = 0, max(1, first), time.time()
+    while start < n:
+        end = min(n, start + size)
+        yield start, end  # the caller's work on the span runs before the generator resumes
+        start = end
+        rate = start / max(time.time() - t0, 1e-9)
+        size = max(1, min(most, int(rate * seconds)))
+
+
 class Progress:
-    """done/total, rate and ETA on stderr, a line a minute; `whole` (units in the whole split) adds
-    its time, once."""
+    """done/total, rate and ETA on stderr, a line every EVERY_S seconds; `whole` (units in the whole
+    split) adds its time, once."""
 
     def __init__(self, total, unit, enabled=True, whole=None, first=15):
         self.total, self.unit, self.enabled, self.whole, self.done = total, unit, enabled, whole, 0
         self.t0 = time.time()
-        self.shown, self.printed = self.t0 - 60 + first, -1
+        self.shown, self.printed = self.t0 - EVERY_S + first, -1
 
     def update(self, n, force=False):
-        """n more done; a line if a minute has passed since the last (force: if anything is new)."""
+        """n more done; a line if EVERY_S seconds have passed since the last (force: if anything is
+        new)."""
         self.done, now = self.done + n, time.time()
-        due = force and self.printed != self.done or now - self.shown > 60
+        due = force and self.printed != self.done or now - self.shown > EVERY_S
         if not (self.enabled and due):
             return
         rate = self.done / max(now - self.t0, 1e-9)
@@ -203,7 +221,8 @@ def ranked_rows(run, lpq, kg, info, state_dir, rank, scorer, ddp_rank, world_siz
         whole = -(-len(np.unique(lpq.triple_query)) // world_size)
     unit = "queries" + (f" on rank 0 of {world_size}" if world_size > 1 else "")
     progress = Progress(len(todo), unit, ddp_rank == 0, whole)
-    save_as_they_come(run, state, progress, rank(todo, max(1, run.block_rows // C)))
+    blocks = in_pieces(rank, todo, max(1, run.block_rows // C))
+    save_as_they_come(run, state, progress, blocks)
     # process 0 brings the earlier runs' ranks
     mine_rows = np.concatenate([state.prior if ddp_rank == 0 else NO_ROWS, *state.new])
     rows = gather_rows(torch.from_numpy(mine_rows).to(scorer.device)).cpu().numpy()
@@ -216,6 +235,13 @@ def ranked_rows(run, lpq, kg, info, state_dir, rank, scorer, ddp_rank, world_siz
     counts = dict(test_triples=T, ranked_triples=len(tri), queries=len(needed), candidates=C,
                   resumed_queries=resumed, scored_triples=fresh * C)  # scored_triples: by this run
     return rows, tri, counts, state
+
+
+def in_pieces(rank, todo, block):
+    """rank(queries, block)'s ranked blocks over the queries `todo`, asked in pieces of about
+    PIECE_S seconds (the first, one query, measures the rate)."""
+    for i, j in timed_pieces(len(todo), 1, len(todo)):
+        yield from rank(todo[i:j], block)
 
 
 def save_as_they_come(run, state, progress, blocks):
@@ -246,8 +272,8 @@ def score_all(scorer, triples, block_rows, ddp_rank, world_size, progress):
     gathered."""
     idx = np.arange(len(triples))[ddp_rank::world_size]
     parts = [torch.zeros(0, device=scorer.device)]
-    for i in range(0, len(idx), block_rows):
-        parts.append(scorer(triples[idx[i:i + block_rows]]))
+    for i, j in timed_pieces(len(idx), min(block_rows, 256), block_rows):
+        parts.append(scorer(triples[idx[i:j]]))
         progress.update(len(parts[-1]))
     s = torch.cat(parts).double()
     both = gather_rows(torch.stack([torch.from_numpy(idx).to(s), s], 1)).cpu().numpy()

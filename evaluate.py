@@ -222,12 +222,9 @@ def rank_queries(score, lpq, tri, queries, block, overlap=None):
     pair_tri, pair_side = np.repeat(tri, 2), np.tile([0, 1], len(tri))  # each triple, as both sides
     pair_query, pair_target = lpq.triple_query[pair_tri, pair_side], lpq.target[pair_tri, pair_side]
     cand = lpq.candidates
-    # a first block of 1/16 the size: the progress line's rate comes from a measurement within a
-    # minute
-    bounds = [0, *range(min(len(queries), max(1, block // 16)), len(queries), block), len(queries)]
     pending = None  # the previous block: (queries, its pairs, ranks and finiteness on the device)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        qs = queries[start:end]
+    for start in range(0, len(queries), block):
+        qs = queries[start:start + block]
         side, r, e = (np.broadcast_to(x[:, None], (len(qs), len(cand))) for x in lpq.queries[qs].T)
         c = np.broadcast_to(cand, side.shape)
         # side 0 asks (?, r, e): candidates are heads; side 1 asks (e, r, ?): candidates are tails

@@ -301,10 +301,13 @@ def test_ctrl_c_while_ranking_keeps_every_finished_query(lp_root, tiny_bert, tmp
     common = ["--lp", "--data", "umls", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 10, "--limit", 3]
     real = evaluate.rank_queries
 
+    done = []  # the blocks ranked, over every call (a ranking asks in timed pieces)
+
     def interrupted(*a, **k):
-        for i, block in enumerate(real(*a, **k)):
-            if i == 2:
+        for block in real(*a, **k):
+            if len(done) == 2:
                 raise KeyboardInterrupt
+            done.append(block)
             yield block
     monkeypatch.setattr(evaluate, "rank_queries", interrupted)
     with pytest.raises(SystemExit, match=r"stopped after 2 queries \(Ctrl-C\); the same command resumes"):
@@ -815,3 +818,38 @@ def test_a_graph_without_test_tsv_says_so_before_loading_the_model(trained, lp_r
     one_line_error(["--tc", "--ckpt", ckpt], "own has no labelled dev/test negatives")
     evaluate.main(["--lp", "--ckpt", str(ckpt), "--split", "dev", "--out", str(tmp_path / "dev.json"), "--dtype", "fp32"])
     assert json.loads((tmp_path / "dev.json").read_text())["counts"]["ranked_triples"] == len(kg.dev)
+
+
+class Clock:
+    """A stand-in for the time module: seconds pass only when the fake work says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self):
+        return self.now
+
+
+@pytest.mark.parametrize("seconds_a_query", [1.0, 0.01, 30.0])
+def test_a_ranking_reports_progress_at_least_once_a_minute(monkeypatch, capsys, seconds_a_query):
+    """UMLS on 2 fp32 cores ranks about a query a second in blocks of 485 queries (65,536 rows / 135 candidates):
+    one line a block would leave 8 minutes silent. Pieces sized by the measured rate keep every gap under a minute,
+    from the first line to the last, for slow and fast rankings alike (one query slower than a minute: a line each)."""
+    clock = Clock()
+    monkeypatch.setattr(bigrank, "time", clock)
+
+    def rank(queries, block):  # blocks of `block` queries, each costing its queries' time
+        for start in range(0, len(queries), block):
+            qs = queries[start:start + block]
+            clock.now += len(qs) * seconds_a_query
+            yield qs, None
+    progress = bigrank.Progress(704, "queries")
+    printed_at, ranked = [], []
+    for qs, _ in bigrank.in_pieces(rank, np.arange(704), 485):
+        ranked.extend(qs)
+        progress.update(len(qs))
+        if capsys.readouterr().err:
+            printed_at.append(clock.now)
+    assert ranked == list(range(704))  # every query once, in order
+    gaps = np.diff([0.0, *printed_at, clock.now])
+    assert gaps.max() <= max(60, seconds_a_query), (gaps.max(), len(printed_at))
