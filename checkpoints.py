@@ -9,7 +9,7 @@ from safetensors import safe_open
 from safetensors.torch import save
 
 from bert import CheckpointError
-from files import check_writable, readable, write_atomic
+from files import check_writable, in_project, readable, write_atomic
 from hub import load_bert
 from palt import PALT, PaltConfig
 
@@ -76,7 +76,7 @@ def load_checkpoint(path, model=None):
     """(PALT, meta, LoadedBert): rebuild the base model, check it is the one trained on, fill the
     trainable tensors."""
     tensors, meta = read_checkpoint(path)
-    loaded = load_bert(model or meta["model"])
+    loaded = load_bert(model or in_project(meta["model"]))
     if loaded.weights_sha256 != meta["weights_sha256"]:
         raise CheckpointError(f"{path}: trained on {meta['model']} (sha256 "
                               f"{meta['weights_sha256'][:12]}), but {loaded.path} has sha256 "

@@ -145,7 +145,7 @@ def resolve_source(run):
         raise SystemExit(f"error: {ckpt} was trained on {meta['data']}, not {run.data}")
     if run.text not in (None, meta["text"]):
         raise SystemExit(f"error: {ckpt} was trained with --text {meta['text']}, not {run.text}")
-    run.ckpt, run.data = str(ckpt), run.data or meta["data"]
+    run.ckpt, run.data = str(ckpt), run.data or files.in_project(meta["data"])
     return meta
 
 
@@ -174,7 +174,7 @@ def train_summary(meta):
     if meta is None:
         return None
     run, arch = json.loads(meta.get("run", "{}")), meta.get("palt", {})
-    for k in ("out", "data_dir", "model"):  # a machine's absolute paths stay on that machine
+    for k in ("out", "data_dir", "model", "data"):  # checkpoints before 2026-11-28: as given
         if isinstance(run.get(k), str) and os.path.isabs(run[k]):
             run[k] = files.project_path(run[k])
     return {"method": "finetune" if arch.get("finetune") else "palt", "model": meta.get("model"),
@@ -270,7 +270,8 @@ def report(run, argv, result, state, scorer, kg, info, meta, out, t0, world_size
                     world_size=world_size, device=str(scorer.device), dtype=scorer.dtype,
                     padded_per_real_token=pad)
     command = " ".join(["python evaluate.py", *map(str, argv or sys.argv[1:])])
-    result = dict(command=command, data=kg.name, model=info["model"], ckpt=info["ckpt"],
+    data = kg.name if benchmark(kg.name) else files.project_path(kg.folder)  # a graph's folder
+    result = dict(command=command, data=data, model=info["model"], ckpt=info["ckpt"],
                   weights_sha256=info["weights_sha256"], data_fingerprint=kg.fingerprint, **result,
                   wall_s=round(time.time() - t0, 2), train=train_summary(meta), settings=settings)
     name = kg.name + (" (estimate)" if result["estimate"] else "")

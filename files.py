@@ -61,10 +61,17 @@ def check_writable(folder, what):
 
 
 def project_path(path):
-    """How results name a file: relative to the project, else its folder and name (never a machine's
-    absolute path)."""
+    """How results name a file: relative to the project where it lies inside it, else absolute (a
+    relative path would read as one inside the project, or depend on where the command ran)."""
     p = Path(path).resolve()
-    return str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else Path(*p.parts[-2:]))
+    return str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
+
+
+def in_project(name):
+    """A path as project_path records it, back to one that opens from any folder (a relative one
+    lies inside the project); a name that is no such path (a benchmark, a model's name) as it is."""
+    p = ROOT / name
+    return str(p) if not Path(name).is_absolute() and p.exists() else name
 
 
 def sha256_file(path):

@@ -5,11 +5,12 @@ import argparse
 import math
 import re
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from graphs import DATASETS, TEXTS, DataError, dataset
 from devices import DTYPES
+from files import project_path
 
 # --hard-negatives draw from each entity's NEAR nearest entities; --dev-near takes the first
 NEAR = 32
@@ -102,6 +103,20 @@ class Run:
     seed: int = setting(42, "order, negatives, new heads and dropout", low=(0, True))
     log_every: int = setting(20, "steps between log lines", low=(1, True))
     resume: bool = setting(False, "continue the run in --out from its last saved state")
+
+
+def recorded(run):
+    """The run as checkpoints record it: --out, --data-dir and a folder given as --data or --model
+    named by files.project_path, so that no record depends on where the command ran."""
+    d = asdict(run)
+    for k in ("out", "data_dir"):
+        if d[k]:
+            d[k] = project_path(d[k])
+    if d["data"].lower() not in DATASETS:
+        d["data"] = project_path(d["data"])
+    if Path(d["model"]).is_dir():
+        d["model"] = project_path(d["model"])
+    return d
 
 
 def flag(name):

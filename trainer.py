@@ -4,7 +4,7 @@ Trainer, which train.py's loop reads."""
 import json
 import time
 import typing
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -64,10 +64,11 @@ def build(run, dtype, device):
         raise SystemExit("error: nothing to train (zero-shot needs no training: use evaluate.py "
                          "--model)")
     report = param_report(model)
-    meta = dict(model=run.model, weights_sha256=loaded.weights_sha256, data=run.data,
+    record = flags.recorded(run)  # paths inside the project relative to it, others absolute
+    meta = dict(model=record["model"], weights_sha256=loaded.weights_sha256, data=record["data"],
                 data_fingerprint=kg.fingerprint, text=run.text, text_file=kg.text_file,
                 prompts=list(run.prompts), max_seq_length=run.max_seq_length, dtype=dtype,
-                palt=palt_meta(model), run=json.dumps(asdict(run)), tunable=report["tunable"],
+                palt=palt_meta(model), run=json.dumps(record), tunable=report["tunable"],
                 total=report["total"], negative_filter="train")  # corruptions redrawn when in train
     model.to(device)
     # bf16 autocast recasts a frozen weight at every call (it caches only weights that train: ~60
@@ -124,7 +125,8 @@ def setup(run, presets):
     resumed = check_output(out, run.resume)  # before anything loads: nothing lost, no work wasted
     # the settings and precision now, the base weights and data files once read: before minutes
     if resumed:
-        check_resumable(resumed, {"run": json.dumps(asdict(run)), "dtype": dtype}, state)
+        check_resumable(resumed, {"run": json.dumps(flags.recorded(run)), "dtype": dtype},
+                        state)
     model, kg, enc, meta, params, opt = build(run, dtype, device)
     if resumed:  # before the nearest-entity pass (minutes on a big graph)
         check_resumable(resumed, meta, state)

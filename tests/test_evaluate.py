@@ -677,7 +677,7 @@ def test_a_run_folder_means_its_best_checkpoint_else_its_last(trained, lp_root, 
     save_like(folder / "ckpt.safetensors", trained, epoch=3, step=30)  # an older train.py: no dtype, no dev log
     common = ["--lp", "--data-dir", lp_root, "--ckpt", folder, "--limit", 2]
     last = run_cli(*common, "--out", tmp_path / "last.json")
-    assert last["ckpt"] == "umls-tiny/ckpt.safetensors"  # outside the project: its folder and name, never /tmp/...
+    assert last["ckpt"] == str((folder / "ckpt.safetensors").resolve())  # outside the project: absolute
     record = lambda r: {k: r["train"][k] for k in ("epochs", "steps", "dtype", "wall_s", "dev", "best_epoch")}
     assert record(last) == {"epochs": 3, "steps": 30, "dtype": None, "wall_s": None, "dev": None, "best_epoch": None}
     assert last["train"]["method"] == "palt" and last["train"]["prompts"] == [2, 1, 1]
@@ -685,7 +685,7 @@ def test_a_run_folder_means_its_best_checkpoint_else_its_last(trained, lp_root, 
               best_epoch=2, text_file="entity2text.txt")
     evaluate.main([str(a) for a in common])  # no --out: beside the checkpoint, named after it
     best = json.loads((folder / "eval-umls-best-lp-test-limit2-seed0.json").read_text())
-    assert best["ckpt"] == "umls-tiny/best.safetensors" and best["data"] == "umls"
+    assert best["ckpt"] == str((folder / "best.safetensors").resolve()) and best["data"] == "umls"
     assert record(best) == {"epochs": 2, "steps": 20, "dtype": "bf16", "wall_s": 12.5, "dev": DEV_LOG, "best_epoch": 2}
     assert best["settings"]["text_file"] == "entity2text.txt"
 

@@ -42,7 +42,11 @@ def test_link_prediction_and_predictions_on_it(trained, tmp_path):
     out, _ = trained
     log = run("evaluate.py", "--lp", "--ckpt", out, "--dtype", "fp32")
     result = json.loads((out / "eval-example_kg-best-lp-test.json").read_text())
-    assert result["data"] == "example_kg" and result["counts"]["ranked_triples"] == 5 and "filtered, realistic" in log
+    assert result["data"] == "tests/example_kg" and result["counts"]["ranked_triples"] == 5 and "filtered, realistic" in log
+    # paths inside the project relative to it, the run folder (outside) absolute: never a relative path that reads
+    # as one inside the project
+    assert result["train"]["recipe"]["out"] == str(out.resolve()) and result["ckpt"] == str(out.resolve() / "best.safetensors")
+    assert result["train"]["recipe"]["data"] == "tests/example_kg"
     assert result["counts"]["candidates"] == len(graphs.load_kg(EXAMPLE).split_entities)
     log = run("evaluate.py", "--predict", "--ckpt", out, "?", "capital of", "france", "--topk", "3")
     assert "(?, capital of, France) over" in log

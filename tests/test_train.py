@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import checkpoints, data, devices, graphs, train, trainer
+import checkpoints, data, devices, flags, graphs, train, trainer
 from bert import load_bert
 from conftest import make_bert_dir, write_tiny_kg
 
@@ -339,3 +339,18 @@ def test_hard_negatives_and_a_stratified_dev_estimate(setup, tmp_path, capsys, m
     assert 3 <= scored <= 1 + 7 + 2
     with pytest.raises(SystemExit):
         train.parse_args(args(setup, tmp_path / "x", "--hard-negatives", "1.5"))
+
+
+def test_a_checkpoint_records_paths_inside_the_project_relative_and_others_absolute(tmp_path, monkeypatch):
+    """Run from a folder outside the project with --out runs/probe and --data mykg: the record must not say
+    runs/probe, which reads as the project's own runs/ (and evaluate.py, run from elsewhere, must find the graph)."""
+    shutil.copytree(ROOT / "tests" / "example_kg", tmp_path / "mykg")
+    monkeypatch.chdir(tmp_path)
+    outside = flags.recorded(train.parse_args(["--data", "mykg", "--out", "runs/probe"]))
+    assert outside["out"] == str(tmp_path.resolve() / "runs" / "probe")
+    assert outside["data"] == str(tmp_path.resolve() / "mykg")
+    monkeypatch.chdir(ROOT / "tests")
+    inside = flags.recorded(train.parse_args(["--data", "example_kg", "--out", "../runs/x", "--data-dir", "."]))
+    assert (inside["out"], inside["data"], inside["data_dir"]) == ("runs/x", "tests/example_kg", "tests")
+    benchmark = flags.recorded(train.parse_args(["--data", "UMLS"]))
+    assert (benchmark["data"], benchmark["model"]) == ("umls", "minilm")  # names stay names
