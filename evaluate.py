@@ -27,7 +27,7 @@ import evalcli
 import graphs
 import palt
 import predict
-from devices import autocast, check_compiler, init_distributed, to_device
+from devices import autocast, check_compiler, init_distributed, resolve_dtype, to_device
 from flags import check_seq_length
 
 KS = (1, 3, 10)  # Hits@k
@@ -330,6 +330,78 @@ def triple_classification(run, scorer, kg, ddp_rank, world_size):
     return dict(task="tc", estimate=False, counts=counts, metrics=metrics), None
 
 
+# ----------------------------------------------------------------------------- from Python
+class Model:
+    """A trained PALT and its graph, from Python (see load): score triples, predict completions,
+    rank a split. Entities and relations are named by id or text, as --predict finds them."""
+
+    def __init__(self, scorer, kg, tokenizer, info):
+        self.scorer, self.kg, self.tokenizer, self.info = scorer, kg, tokenizer, info
+
+    def find(self, name, what):
+        """The index of an entity or relation by id or text; else ValueError, in one line."""
+        ids, texts = (self.kg.entities, self.kg.ent_text)
+        if what == "relation":
+            ids, texts = (self.kg.relations, self.kg.rel_text)
+        try:
+            return predict.find(ids, texts, str(name), what)
+        except SystemExit as e:  # the command line's one-line error, as an exception
+            raise ValueError(str(e).removeprefix("error: ")) from None
+
+    def score(self, triples):
+        """(N,) float32 scores (NSP logit margins: higher is truer) of (head, relation, tail)
+        triples named by id or text."""
+        parts = ("entity", "relation", "entity")
+        idx = [[self.find(x, what) for x, what in zip(t, parts)] for t in triples]
+        return self.scorer.numpy(np.array(idx, np.int64).reshape(-1, 3))  # (N, 3) indices
+
+    def predict(self, head=None, relation=None, tail=None, k=10):
+        """The k best completions of (head, relation, ?) or (?, relation, tail) among the entities
+        of the graph's splits, every one scored: [(entity id, score)], best first."""
+        if (head is None) == (tail is None) or relation is None:
+            raise ValueError("give relation and one of head and tail")
+        side = int(tail is None)  # 1: tails ranked, as predict.parse_query numbers it
+        e = self.find(head if side else tail, "entity")
+        cand = self.kg.split_entities
+        s = self.scorer.numpy(predict.query_triples(e, self.find(relation, "relation"), side, cand))
+        top = np.argsort(-s, kind="stable")[:k]
+        return [(self.kg.entities[c], float(v)) for c, v in zip(cand[top], s[top])]
+
+    def rank(self, split="test", limit=None, seed=0):
+        """Filtered realistic MR, MRR and Hits@k of a split's triples (or a seeded `limit` of
+        them, the subset evaluate.py --lp --limit ranks), each ranked as head and as tail against
+        the entities of every split."""
+        if not len(getattr(self.kg, split)):
+            raise ValueError(f"{self.kg.folder}: no {split} triples to rank")
+        return rank_split(self.scorer, self.kg, split, limit, seed)
+
+
+def open_model(run, kg, device, dtype):
+    """The Model a checked command line names (evalcli.check_before_loading), on the device."""
+    model, tokenizer, info = evalcli.load_model(run, device)
+    check_seq_length(info["max_seq_length"], sum(info["prompts"]),
+                     model.bert.config.max_position_embeddings, info["model"])
+    scorer = Scorer(model, data.encode(kg, tokenizer), info["prompts"], info["max_seq_length"],
+                    device, dtype, run.tokens, run.compile)
+    return Model(scorer, kg, tokenizer, info)
+
+
+def load(ckpt, data=None, data_dir=None, device=None, dtype="auto"):
+    """A Model from a checkpoint file or train.py run folder; its graph and entity text are the
+    checkpoint's (data, data_dir: where that graph is, if not where it was). The command line's
+    checks, as ValueError."""
+    run = evalcli.parser(__doc__).parse_args(["--predict"])  # evaluate.py's defaults, no output
+    run.ckpt, run.data, run.data_dir, run.dtype = str(ckpt), data, data_dir, dtype
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        _, kg, _, _ = evalcli.check_before_loading(run, shipped=False)
+        return open_model(run, kg, device, resolve_dtype(dtype, device))
+    except (graphs.DataError, bert.CheckpointError, palt.ConfigError) as e:
+        raise ValueError(str(e)) from None
+    except SystemExit as e:
+        raise ValueError(str(e).removeprefix("error: ")) from None
+
+
 # ----------------------------------------------------------------------------- the command
 def main(argv=None):
     """python evaluate.py: check everything the command line names, load, score, report."""
@@ -340,19 +412,20 @@ def main(argv=None):
         meta, kg, out, state_dir = evalcli.check_before_loading(run, shipped)
         ddp_rank, _, world_size, device, dtype = init_distributed(run.dtype)
         check_compiler(run.compile, device)
-        model, tokenizer, info = evalcli.load_model(run, device)
-        check_seq_length(info["max_seq_length"], sum(info["prompts"]),
-                         model.bert.config.max_position_embeddings, info["model"])
-        scorer = Scorer(model, data.encode(kg, tokenizer), info["prompts"], info["max_seq_length"],
-                        device, dtype, run.tokens, run.compile)
+        model = open_model(run, kg, device, dtype)
+        scorer = model.scorer
         if run.task == "predict":
-            return predict.predict(run, scorer, kg, tokenizer, info) if ddp_rank == 0 else None
+            if ddp_rank == 0:
+                predict.predict(run, scorer, kg, model.tokenizer, model.info)
+            return
         if run.task == "lp":
-            result, state = link_prediction(run, scorer, kg, info, state_dir, ddp_rank, world_size)
+            result, state = link_prediction(run, scorer, kg, model.info, state_dir, ddp_rank,
+                                            world_size)
         else:
             result, state = triple_classification(run, scorer, kg, ddp_rank, world_size)
         if ddp_rank == 0:
-            evalcli.report(run, argv, result, state, scorer, kg, info, meta, out, t0, world_size)
+            evalcli.report(run, argv, result, state, scorer, kg, model.info, meta, out, t0,
+                           world_size)
     except (graphs.DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise SystemExit(f"error: {e}") from None
     finally:

@@ -853,3 +853,41 @@ def test_a_ranking_reports_progress_at_least_once_a_minute(monkeypatch, capsys, 
     assert ranked == list(range(704))  # every query once, in order
     gaps = np.diff([0.0, *printed_at, clock.now])
     assert gaps.max() <= max(60, seconds_a_query), (gaps.max(), len(printed_at))
+
+
+def test_the_python_api_gives_what_the_command_line_gives(trained, lp_root, tmp_path):
+    """evaluate.load: score, predict and rank are the numbers evaluate.py prints and writes, entities named by id or
+    text."""
+    ckpt, model, kg, enc = trained
+    api = evaluate.load(ckpt, data_dir=lp_root, dtype="fp32")
+    # score: by id or text, as the Scorer scores the indices
+    got = api.score([("e0", "part of", "river bank"), ("apple", "r1", "e5")])
+    want = evaluate.Scorer(model, enc, (2, 1, 1), 12).numpy(np.array([(0, 0, 1), (0, 1, 5)]))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # rank: the --lp --limit subset and its filtered realistic metrics
+    cli = run_cli("--lp", "--data-dir", lp_root, "--ckpt", ckpt, "--limit", 4, "--dtype", "fp32", "--out", tmp_path / "r.json")
+    metrics = api.rank(limit=4)
+    for k, v in cli["metrics"]["filtered"]["both"]["realistic"].items():
+        assert metrics[k] == pytest.approx(v), k
+    # predict: --predict's top 3, in its order, tails and heads
+    for query, kwargs in ((["apple", "part of"], dict(head="apple", relation="part of")),
+                          (["?", "similar to", "e4"], dict(relation="similar to", tail="e4"))):
+        evaluate.main(["--predict", "--data-dir", str(lp_root), "--ckpt", str(ckpt), "--topk", "3", "--dtype", "fp32",
+                       "--out", str(tmp_path / "top.tsv"), *query])
+        rows = [line.split("\t") for line in (tmp_path / "top.tsv").read_text().splitlines()[1:]]
+        top = api.predict(**kwargs, k=3)
+        assert [e for e, _ in top] == [r[2] for r in rows]
+        np.testing.assert_allclose([s for _, s in top], [float(r[4]) for r in rows], atol=1e-5)
+
+
+def test_the_python_api_refuses_in_one_line(trained, lp_root, tmp_path):
+    ckpt, *_ = trained
+    with pytest.raises(ValueError, match=f"{re.escape(str(tmp_path / 'none.safetensors'))}: no such checkpoint file or run folder$"):
+        evaluate.load(tmp_path / "none.safetensors", data_dir=lp_root)
+    api = evaluate.load(ckpt, data_dir=lp_root)
+    with pytest.raises(ValueError, match=r"^no entity 'banana' \(by id or text\)"):
+        api.score([("banana", "part of", "apple")])
+    with pytest.raises(ValueError, match="^give relation and one of head and tail$"):
+        api.predict(head="apple", relation="part of", tail="stone")
+    with pytest.raises(ValueError, match="^no relation 'eats'"):
+        api.predict(head="apple", relation="eats")
