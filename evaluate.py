@@ -102,6 +102,26 @@ def bootstrap_interval(ranks, n_resamples=1000, seed=0):
     return out | {"resamples": n_resamples, "seed": seed}
 
 
+def random_mrr(lpq, tri, draws=1000, seed=0):
+    """(mean, sd) of the filtered MRR that random triple scores get on test triples `tri`, both
+    sides. The answer's rank among the n candidates the filter leaves is uniform, so the mean is
+    that of H_n / n; its score is shared by its two sides (at quantile u, each other candidate beats
+    it with probability 1 - u), so the sd is drawn: `draws` seeded draws of u and the ranks."""
+    n = len(lpq.candidates) - np.diff(lpq.filter_ptr)[lpq.triple_query[tri]] + 1  # (T, 2)
+    rng = np.random.default_rng(seed)
+    u = rng.random((draws, len(tri), 1))  # (draws, T, 1): one quantile for both sides
+    r = 1 + rng.binomial(n - 1, 1 - u)  # (draws, T, 2)
+    return float((harmonic(n) / n).mean()), float((1 / r).mean((1, 2)).std())
+
+
+def chance_accuracy(scores, labels, n=20, seed=0):
+    """(mean, sd) of best_threshold's accuracy when the labels are shuffled (`n` seeded
+    permutations): what a threshold tuned on scores that carry nothing reaches on these triples."""
+    rng = np.random.default_rng(seed)
+    acc = [best_threshold(scores, rng.permutation(labels))[1] for _ in range(n)]
+    return float(np.mean(acc)), float(np.std(acc))
+
+
 def best_threshold(scores, labels):
     """(θ, accuracy) of the best rule "true iff score > θ", by exact search over -inf, the midpoints
     between distinct scores and +inf: after one sort, cumulative counts give every candidate's
@@ -260,15 +280,16 @@ def finish_block(qs, tri_side, ranks, finite):
 
 def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
     """Filtered realistic mr, mrr, hits@k of a split (or a seeded `limit` of its triples) in one
-    process, for train.py's dev report. sample: rank against that many seeded entities plus the
-    triples' own, not all: cheap, and it flatters. near (E, n) with a sample: estimate the exact
-    ranks instead (bigrank.stratified_ranks, `sample` draws), also unbiased."""
+    process, for train.py's dev report, and random_mrr there. sample: rank against that many seeded
+    entities plus the triples' own, not all: cheap, and it flatters. near (E, n) with a sample:
+    estimate the exact ranks instead (bigrank.stratified_ranks, `sample` draws), also unbiased."""
     lpq = data.lp_queries(kg, split)
     tri = bigrank.select(len(lpq.target), limit, seed)
     if sample and sample < len(lpq.candidates) and near is not None:
         r, scored = bigrank.stratified_ranks(scorer, lpq, tri, seed, near, sample)
         return {"mr": float(r.mean()), "mrr": float(np.mean(1 / r)), "candidates": scored,
-                "estimate": True, **{f"hits@{k}": float(np.mean(r <= k)) for k in KS}}
+                "estimate": True, "random_mrr": random_mrr(lpq, tri),
+                **{f"hits@{k}": float(np.mean(r <= k)) for k in KS}}
     if sample and sample < len(lpq.candidates):
         drawn = np.random.default_rng(seed).choice(lpq.candidates, sample, replace=False)
         # the triples' own entities are always in
@@ -276,7 +297,8 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
     block = max(1, (1 << 16) // len(lpq.candidates))
     queries = np.unique(lpq.triple_query[tri])
     ranks = np.concatenate([r for _, r in rank_queries(scorer, lpq, tri, queries, block)])
-    return lp_metrics(ranks)["filtered"]["both"]["realistic"] | {"candidates": len(lpq.candidates)}
+    metrics = lp_metrics(ranks)["filtered"]["both"]["realistic"]
+    return metrics | {"candidates": len(lpq.candidates), "random_mrr": random_mrr(lpq, tri)}
 
 
 def link_prediction(run, scorer, kg, info, state_dir, ddp_rank, world_size):

@@ -251,20 +251,32 @@ def dev_metric(model, kg, enc, run, device, dtype, near=None):
     sample, or estimated (dev_near)."""
     scorer = evaluate.Scorer(model, enc, run.prompts, run.max_seq_length, device, dtype)
     if kg.task == "tc":
-        acc = evaluate.best_threshold(scorer.numpy(kg.dev), kg.dev_labels)[1]
-        return {"metric": "accuracy", "value": acc}, f"accuracy {acc:.4f}"
+        scores = scorer.numpy(kg.dev)
+        acc = evaluate.best_threshold(scores, kg.dev_labels)[1]
+        chance = evaluate.chance_accuracy(scores, kg.dev_labels)
+        dev = {"metric": "accuracy", "value": acc, "random": chance[0]}
+        return dev, f"accuracy {acc:.4f}" + chance_note(acc, *chance, "accuracy")
     near = near[:, :run.dev_near] if run.dev_near else None
     m = evaluate.rank_split(scorer, kg, "dev", run.dev_limit, sample=run.dev_sample, near=near)
     sampled = bool(run.dev_sample and m["candidates"] < len(kg.split_entities))
     dev = {"metric": "mrr", "value": m["mrr"], "mr": m["mr"], "hits@10": m["hits@10"],
            "triples": min(run.dev_limit or len(kg.dev), len(kg.dev)),
-           "candidates": m["candidates"], "sampled": sampled, "estimate": "estimate" in m}
+           "candidates": m["candidates"], "sampled": sampled, "estimate": "estimate" in m,
+           "random": m["random_mrr"][0]}
     against = f"against {m['candidates']:,} {'sampled ' if sampled else ''}candidates"
     if dev["estimate"]:
         against = f"(stratified estimate, {m['candidates']:,} candidates scored a query)"
     line = (f"mrr {m['mrr']:.4f}, MR {m['mr']:.2f}, Hits@10 {m['hits@10']:.4f} on "
             f"{dev['triples']} dev triples {against}")
-    return dev, line
+    return dev, line + chance_note(m["mrr"], *m["random_mrr"], "MRR")
+
+
+def chance_note(value, mean, sd, what):
+    """The dev line's warning where its metric is within noise (2 sd) of a random scorer's."""
+    if value >= mean + 2 * sd:
+        return ""
+    return (f"; within noise of a random scorer ({what} {mean:.4f} +- {2 * sd:.4f} on these "
+            "triples): nothing learned yet, or text that carries nothing (README, Your own graph)")
 
 
 def main(run):

@@ -399,6 +399,7 @@ def test_lp_from_a_checkpoint_matches_the_library_call(trained, lp_root, tmp_pat
                   "--dtype", "fp32")  # the library call scores in fp32; auto is bf16 on CPUs with native bf16
     assert got["settings"]["prompts"] == [2, 1, 1] and got["data_fingerprint"] == kg.fingerprint
     want = evaluate.rank_split(evaluate.Scorer(model.to(device), enc, (2, 1, 1), 12, device), kg, "test")
+    want.pop("random_mrr")  # a random scorer's MRR on these triples: the dev line's yardstick
     assert got["metrics"]["filtered"]["both"]["realistic"] | {"candidates": got["counts"]["candidates"]} == pytest.approx(want)
     assert "raw, realistic ranks" in capsys.readouterr().out
     # a limited run is labelled an estimate
@@ -891,3 +892,32 @@ def test_the_python_api_refuses_in_one_line(trained, lp_root, tmp_path):
         api.predict(head="apple", relation="part of", tail="stone")
     with pytest.raises(ValueError, match="^no relation 'eats'"):
         api.predict(head="apple", relation="eats")
+
+
+def test_a_random_scorers_mrr_is_what_random_mrr_says(lp_root):
+    """random_mrr's mean and sd against 400 random scorers ranked by rank_queries (filtered: the other known answers
+    leave the candidates, so n differs by query)."""
+    kg = graphs.load_kg("umls", lp_root)
+    lpq, tri = data.lp_queries(kg), np.arange(len(kg.test))
+    queries = np.unique(lpq.triple_query[tri])
+    mean, sd = evaluate.random_mrr(lpq, tri)
+    assert len(set(np.diff(lpq.filter_ptr)[lpq.triple_query[tri].ravel()])) > 1  # some queries filter more than others
+    rng, mrrs = np.random.default_rng(0), []
+    for _ in range(400):
+        table = torch.from_numpy(rng.random((10, 2, 10)))  # distinct scores: no ties
+        score = lambda t: table[t[:, 0], t[:, 1], t[:, 2]]
+        ranks = np.concatenate([r for _, r in evaluate.rank_queries(score, lpq, tri, queries, 4)])
+        mrrs.append(evaluate.lp_metrics(ranks)["filtered"]["both"]["realistic"]["mrr"])
+    assert abs(np.mean(mrrs) - mean) < 3 * sd / np.sqrt(400)
+    assert np.std(mrrs) == pytest.approx(sd, rel=0.15), (np.std(mrrs), sd)
+
+
+def test_chance_accuracy_is_a_tuned_threshold_on_scores_that_carry_nothing():
+    rng = np.random.default_rng(1)
+    labels = rng.random(300) < 0.5
+    nothing = [evaluate.best_threshold(rng.random(300), labels)[1] for _ in range(200)]  # fresh random scores
+    mean, sd = evaluate.chance_accuracy(rng.random(300), labels, n=200)
+    assert mean == pytest.approx(np.mean(nothing), abs=0.01) and sd == pytest.approx(np.std(nothing), rel=0.25)
+    assert mean > 0.5  # a threshold tuned on the same triples beats a coin
+    separating = np.where(labels, 1.0, 0.0) + rng.random(300) * 0.1
+    assert evaluate.best_threshold(separating, labels)[1] == 1.0 > mean + 2 * sd

@@ -1,11 +1,12 @@
 """train.py: training lowers the loss, frozen tensors stay frozen, DDP equals one process, --resume replays exactly."""
 import importlib.util, json, os, re, shutil, signal, subprocess, sys
 from pathlib import Path
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import checkpoints, data, devices, flags, graphs, train, trainer
+import checkpoints, data, devices, evaluate, flags, graphs, train, trainer
 from bert import load_bert
 from conftest import make_bert_dir, write_tiny_kg
 
@@ -354,3 +355,20 @@ def test_a_checkpoint_records_paths_inside_the_project_relative_and_others_absol
     assert (inside["out"], inside["data"], inside["data_dir"]) == ("runs/x", "tests/example_kg", "tests")
     benchmark = flags.recorded(train.parse_args(["--data", "UMLS"]))
     assert (benchmark["data"], benchmark["model"]) == ("umls", "minilm")  # names stay names
+
+
+def test_a_dev_point_within_noise_of_a_random_scorer_says_so(setup, tmp_path):
+    """Scores that carry nothing (every triple the same score: each answer ties with every candidate) put the dev MRR
+    under a random scorer's; the dev line says so and gives the random scorer's MRR beside it."""
+    run, cpu = train.parse_args(args(setup, tmp_path)), torch.device("cpu")
+    model, kg, enc, *_ = trainer.build(run, "fp32", cpu)
+    with torch.no_grad():
+        model.bert.nsp.weight.zero_()  # the same logits for every input
+    dev, line = train.dev_metric(model.eval(), kg, enc, run, cpu, "fp32")
+    lpq = data.lp_queries(kg, "dev")
+    mean, sd = evaluate.random_mrr(lpq, np.arange(len(kg.dev)))
+    assert dev["value"] < mean and dev["random"] == pytest.approx(mean)
+    assert line.endswith(f"; within noise of a random scorer (MRR {mean:.4f} +- {2 * sd:.4f} on these triples): "
+                         "nothing learned yet, or text that carries nothing (README, Your own graph)")
+    assert train.chance_note(mean + 2.5 * sd, mean, sd, "MRR") == ""  # beyond 2 sd: no note
+    assert train.chance_note(mean + 1.5 * sd, mean, sd, "MRR").startswith("; within noise")
