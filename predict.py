@@ -26,10 +26,9 @@ import data, files, graphs
 from bigrank import Progress
 
 # candidates scored a query at most, by bench/shortlist.py's table (RESULTS.md); the rounds, the
-# best followed, the
-# best whose sources count; the early stop: the best that must stay the same (a margin over the top
-# 10, whose 10th
-# may tie the 11th), for how many rounds, and the share of SIZE scored first
+# best followed, the best whose sources count; the early stop: the best that must stay the same (a
+# margin over the top 10, whose 10th may tie the 11th), for how many rounds, and the share of SIZE
+# scored first
 SIZE = 1500
 ROUNDS, FOLLOW, BEST = 10, 20, 10
 SETTLE, PATIENCE, MIN_SHARE = 15, 2, 0.4
@@ -38,6 +37,9 @@ ALL_UP_TO = 5000
 KEEP = 4096  # an anchor's best candidates kept in its cache file
 # the shipped adapters' anchors (bench/shortlist.py anchors), read-only
 SHIPPED = files.ROOT / "weights" / "anchors"
+# a top k whose scores (NSP logit margins) span less is flagged: a margin of 0.05 moves the
+# probability of "true" by about 1%, and a trained adapter's true and false triples lie ~10 apart
+TIED_SPAN = 0.05
 
 
 def query_triples(e, r, side, cand):
@@ -379,4 +381,10 @@ def top_k(run, scorer, kg, cand, short, q, e, r, side):
     for place, (c, score, k) in enumerate(zip(some[top], s[top], known), 1):
         print(f"{place:4} {score:9.4f} {'*' if k else ' '} {kg.entities[c]:24} {kg.ent_text[c]}")
         rows.append(f"{q}\t{place}\t{kg.entities[c]}\t{kg.ent_text[c]}\t{score:.6f}\t{int(k)}")
+    span = float(s[top].max() - s[top].min()) if len(top) > 1 else np.inf
+    if span < TIED_SPAN:
+        print(f"note: the top {len(top)} scores span {span:.4f} (under {TIED_SPAN}): "
+              f"indistinguishable, their order is noise; all {len(some):,} scored span "
+              f"{float(s.max() - s.min()):.4f}. A model that tells these apart barely: text that "
+              "carries nothing (README, Your own graph)?")
     return rows

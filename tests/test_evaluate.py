@@ -921,3 +921,18 @@ def test_chance_accuracy_is_a_tuned_threshold_on_scores_that_carry_nothing():
     assert mean > 0.5  # a threshold tuned on the same triples beats a coin
     separating = np.where(labels, 1.0, 0.0) + rng.random(300) * 0.1
     assert evaluate.best_threshold(separating, labels)[1] == 1.0 > mean + 2 * sd
+
+
+def test_predict_flags_a_top_k_whose_scores_are_indistinguishable(trained, lp_root, monkeypatch, capsys):
+    """A model whose scores barely differ (here: all the same) prints a top k anyway; the note says it is noise."""
+    ckpt, *_ = trained
+    common = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(ckpt), "apple", "part of"]
+    real = palt.score
+    monkeypatch.setattr(palt, "score", lambda logits: real(logits) * 1e-4)  # the same order, 10,000x closer
+    evaluate.main(common)
+    out = capsys.readouterr().out
+    assert re.search(r"\nnote: the top 10 scores span 0\.0\d{3} \(under 0\.05\): indistinguishable, their order is "
+                     r"noise; all 10 scored span 0\.\d{4}\. A model that tells these apart barely", out), out
+    monkeypatch.setattr(palt, "score", lambda logits: real(logits) * 1e4)
+    evaluate.main(common)
+    assert "note: the top" not in capsys.readouterr().out
