@@ -4,6 +4,7 @@ Data lives in --data-dir, else $PALT_DATA, else ./data; one folder per benchmark
 (../shared/data/README.md)."""
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,9 @@ DATASETS = {
     "fb13": ("FB13", "tc", {"name": "entity2text_capital.txt", "long": "entity2text.txt"}),
 }
 TEXTS = ("name", "long", "description")
+# a graph of one's own: each split's names (dev and valid are one split), each .tsv or .txt
+SPLITS = {"train": ("train",), "dev": ("dev", "valid"), "test": ("test",)}
+SUFFIXES = (".tsv", ".txt")
 
 
 class DataError(ValueError):
@@ -36,9 +40,9 @@ def data_root(arg=None):
 
 
 def dataset(spec, data_dir=None):
-    """(name, folder, task) of a benchmark name or of a folder holding one's own graph (train.tsv,
-    optional dev.tsv and test.tsv; ./umls if named like a benchmark), whose task is 'tc' if test.tsv
-    (else dev.tsv) has a 4th column 1/-1."""
+    """(name, folder, task) of a benchmark name or of a folder holding one's own graph (its splits
+    as split_files finds them; ./umls if named like a benchmark), whose task is 'tc' if the test
+    split (else the dev split) has a 4th column 1/-1."""
     spec = str(spec)
     if spec.lower() in DATASETS:
         folder, task, _ = DATASETS[spec.lower()]
@@ -46,15 +50,39 @@ def dataset(spec, data_dir=None):
     folder = Path(spec)
     if not folder.is_dir():
         raise DataError(f"--data {spec}: neither a benchmark ({', '.join(DATASETS)}) nor a folder")
-    if not (folder / "train.tsv").is_file():
-        raise DataError(f"{folder / 'train.tsv'}: no such file (a graph's folder needs train.tsv: "
-                        "head<TAB>relation<TAB>tail)")
-    for split in ("test.tsv", "dev.tsv"):
-        if (folder / split).is_file():
-            with open(readable(folder / split, DataError), "rb") as f:
+    found = split_files(folder)
+    if found["train"] is None:
+        raise DataError(f"{folder / 'train.tsv'}: no such file, nor train.txt (a graph's folder "
+                        "holds train, dev or valid, and test, each .tsv or .txt, tab-separated "
+                        "head, relation, tail; only train is required)")
+    for path in (found["test"], found["dev"]):
+        if path is not None:
+            with open(readable(path, DataError), "rb") as f:
                 columns = f.readline().count(b"\t") + 1
             return folder.resolve().name, folder, "tc" if columns == 4 else "lp"
     return folder.resolve().name, folder, "lp"
+
+
+def split_files(folder):
+    """{split: the file holding it, or None} of a graph of one's own: each split under any of the
+    names KGE datasets ship (KG-BERT's train/dev/test.tsv; PyKEEN's and LibKGE's
+    train/valid/test.txt). Two files of one split are an error, never a silent pick."""
+    found = {}
+    for split, stems in SPLITS.items():
+        paths = [folder / (stem + suffix) for stem in stems for suffix in SUFFIXES]
+        paths = [path for path in paths if path.is_file()]
+        if len(paths) > 1:
+            both = " and ".join([str(paths[0])] + [path.name for path in paths[1:]])
+            raise DataError(f"{both}: two files of the {split} split in one folder; keep one")
+        found[split] = paths[0] if paths else None
+    return found
+
+
+def _would_be(folder, split, train_file):
+    """The file a missing split would be read from, for messages: spelled like the train file
+    (beside train.txt, PyKEEN's valid.txt)."""
+    stem = "valid" if split == "dev" and train_file.suffix == ".txt" else split
+    return folder / (stem + train_file.suffix)
 
 
 # ----------------------------------------------------------------------------- reading the files
@@ -90,13 +118,13 @@ def _read_texts(path, digest):
 
 def _ids(texts, source, rows, cols):
     """(texts, (why an unknown id is an error, {id: index})): `texts` as read from `source`, or
-    where a graph of one's own lacks that file, every id in `cols` of the train `rows` in first-seen
-    order, its text with '_' as ' '."""
+    where a graph of one's own lacks a text file (`texts` None, `source` the train file), every id
+    in `cols` of the train `rows` in first-seen order, its text with '_' as ' '."""
     why = f"has no text in {source}"
     if texts is None:
         ids = dict.fromkeys(row[c] for row in rows for c in cols)  # first-seen order
         texts = {i: i.replace("_", " ") for i in ids}
-        why = "occurs nowhere in train.tsv"
+        why = f"occurs nowhere in {source}"
     return texts, (why, {key: i for i, key in enumerate(texts)})
 
 
@@ -117,6 +145,62 @@ def _split(path, rows, lines, labelled, ents, rels):
     return ids, np.array([row[3] == "1" for row in rows], dtype=bool)
 
 
+def _once(path, rows, lines, triples, labels):
+    """(triples, labels, how many dropped): each triple once, at its first line (labelled: with
+    its label); a triple labelled both 1 and -1 is an error naming both lines."""
+    if not len(triples):
+        return triples, labels, 0
+    _, first, inverse = np.unique(triples, axis=0, return_index=True, return_inverse=True)
+    first_of = first[inverse.reshape(-1)]  # (N,) the first line's row of each row's triple
+    if labels is not None:
+        for i in np.flatnonzero(labels != labels[first_of])[:1]:
+            j = first_of[i]
+            raise DataError(f"{path}:{lines[i]}: {tuple(rows[i][:3])} labelled {rows[i][3]} here "
+                            f"and {rows[j][3]} on line {lines[j]}")
+    keep = np.sort(first)
+    if labels is not None:
+        labels = labels[keep]
+    return triples[keep], labels, len(triples) - len(keep)
+
+
+# ----------------------------------------------------------------------------- text of bare ids
+# a piece of 2 or more letters between non-alphanumerics (or the ends): a search stops at the
+# first, quick on long descriptions
+WORD = re.compile(r"(?:^|[\W_])[^\W\d_]{2,}(?=[\W_]|$)")
+
+
+def id_like(text):
+    """True where a text carries no word: no piece of it (split at what is neither letter nor
+    digit) is 2 or more letters alone. 'person84', '/m/02mjmr', 'Q42', 'e_17', '12345' are
+    id-like; 'virus', 'Barack Obama', 'dog, domestic dog' are not."""
+    return WORD.search(text) is None
+
+
+def id_like_share(texts):
+    """The share of `texts` that are id_like (0 for none)."""
+    texts = list(texts)
+    return sum(map(id_like, texts)) / max(len(texts), 1)
+
+
+def _ids_warning(folder, ent_text, rel_text):
+    """A note when at least half the entity texts are bare ids ('' otherwise): PALT reads text,
+    so on such a graph it scores at chance."""
+    share = id_like_share(ent_text)
+    if share < 0.5:
+        return ""
+    example = next(text for text in ent_text if id_like(text))
+    rels, give = "", "entity2text.txt"
+    rel_share = id_like_share(rel_text)
+    if rel_share >= 0.5:
+        rel_example = next(text for text in rel_text if id_like(text))
+        rels = f", and {rel_share:.0%} of the relation texts (e.g. {rel_example!r})"
+        give = "entity2text.txt and relation2text.txt"
+    return (f"warning: {folder}: {share:.0%} of the entity texts look like bare ids (e.g. "
+            f"{example!r}){rels}; PALT scores a triple by reading its text, so on this graph it "
+            "can do no better than chance: a structure model (e.g. PyKEEN's ComplEx) suits it, "
+            f"or give {give} with real names")
+
+
 @dataclass(eq=False)
 class KG:
     name: str
@@ -129,14 +213,17 @@ class KG:
     ent_text: list
     rel_text: list
     train: np.ndarray  # (N,3) int64 rows (h, r, t)
-    dev: np.ndarray  # (0,3) where a graph of one's own has no dev.tsv; likewise test
+    dev: np.ndarray  # (0,3) where a graph of one's own has no dev split; likewise test
     test: np.ndarray
     dev_labels: np.ndarray | None  # tc: True for label 1, False for -1; lp: None
     test_labels: np.ndarray | None
     split_entities: np.ndarray  # sorted entities that occur in train/dev/test
     fingerprint: str  # sha256 over the files read
     known: np.ndarray  # sorted unique keys (h*R + r)*E + t of every true triple
-    notes: list  # what a graph of one's own lacks, for the command lines to say once
+    notes: list  # what a graph lacks or repeats, warnings: for the command lines to say once
+    # split -> the file read; for a split a graph of one's own lacks, the file it would be
+    # (dev.tsv, or valid.txt beside train.txt): what messages about a split name
+    split_files: dict
 
     def key(self, triples):
         """One int64 per triple, (h*R + r)*E + t: sorted keys make set lookups vectorised."""
@@ -179,28 +266,36 @@ def load_kg(spec, data_dir=None, text="name"):
              for part, source in (("entity", file), ("relation", rel_file)) if source is None]
     ent = _read_texts(folder / file, digest) if file else None
     rel = _read_texts(folder / rel_file, digest) if rel_file else None
+    paths = {s: folder / f"{s}.tsv" for s in SPLITS}  # benchmarks: their released files
+    if own_graph:
+        paths = split_files(folder)
     rows = {}
-    for s in ("train", "dev", "test"):
-        if not own_graph or s == "train" or (folder / f"{s}.tsv").is_file():
+    for s, path in paths.items():
+        if path is not None:
             ncols = 4 if task == "tc" and s != "train" else 3
-            rows[s] = _read_rows(folder / f"{s}.tsv", digest, ncols)
-    ent, ents = _ids(ent, file, rows["train"][0], (0, 2))
-    rel, rels = _ids(rel, rel_file, rows["train"][0], (1,))
+            rows[s] = _read_rows(path, digest, ncols)
+    ent, ents = _ids(ent, file or paths["train"].name, rows["train"][0], (0, 2))
+    rel, rels = _ids(rel, rel_file or paths["train"].name, rows["train"][0], (1,))
     splits = {}
-    for s in ("train", "dev", "test"):  # a split a graph of one's own lacks: no rows
+    for s, path in paths.items():  # a split a graph of one's own lacks: no rows
         labelled = task == "tc" and s != "train"
-        splits[s] = _split(folder / f"{s}.tsv", *rows.get(s, ([], [])), labelled, ents, rels)
+        triples, labels = _split(path, *rows.get(s, ([], [])), labelled, ents, rels)
+        if own_graph:  # benchmarks stay as released (WN11's train repeats 2,220 lines)
+            triples, labels, dropped = _once(path, *rows.get(s, ([], [])), triples, labels)
+            if dropped:
+                notes.append(f"{path}: {dropped:,} duplicate triples, each kept once")
+        splits[s] = triples, labels
     (train, _), (dev, dev_labels), (test, test_labels) = splits.values()
-    first = np.sort(np.unique(train, axis=0, return_index=True)[1])
-    # benchmarks stay as released (WN11's train repeats 2,220 lines)
-    if own_graph and len(first) < len(train):
-        notes.append(f"{folder / 'train.tsv'}: {len(train) - len(first):,} duplicate triples, each "
-                     "kept once")
-        train = train[first]
+    warning = ""
+    if own_graph:  # the benchmarks' texts are words, as released (measured: at most 0.2% id-like)
+        warning = _ids_warning(folder, list(ent.values()), list(rel.values()))
+    if warning:
+        notes.append(warning)
+    files = {s: path or _would_be(folder, s, paths["train"]) for s, path in paths.items()}
     split_entities = np.unique(np.concatenate([train, dev, test])[:, [0, 2]])
     kg = KG(name, task, folder, text, file or "ids", list(ent), list(rel), list(ent.values()),
             list(rel.values()), train, dev, test, dev_labels, test_labels, split_entities,
-            digest.hexdigest()[:16], None, notes)
+            digest.hexdigest()[:16], None, notes, files)
     # dev/test negatives of triple classification (label -1) are not facts
     true = [train, dev if dev_labels is None else dev[dev_labels]]
     true.append(test if test_labels is None else test[test_labels])

@@ -478,11 +478,17 @@ README_COUNTS = {  # ../shared/data/README.md: split entities, text lines, relat
 }
 
 
-@pytest.mark.parametrize("name", README_COUNTS)
-def test_every_shared_dataset_has_the_readme_counts(name):
+@functools.cache
+def shared(name):
+    """A benchmark of ../shared/data, loaded once for the tests below (skipped where it is absent)."""
     if not (SHARED / graphs.DATASETS[name][0]).is_dir():
         pytest.skip(f"no {name} in {SHARED}")
-    kg = load_kg(name, SHARED)
+    return load_kg(name, SHARED)
+
+
+@pytest.mark.parametrize("name", README_COUNTS)
+def test_every_shared_dataset_has_the_readme_counts(name):
+    kg = shared(name)
     assert (len(kg.split_entities), len(kg.entities), len(kg.relations), len(kg.train), len(kg.dev), len(kg.test)) \
         == README_COUNTS[name]
     if kg.task == "tc":
@@ -490,3 +496,12 @@ def test_every_shared_dataset_has_the_readme_counts(name):
     folder = graphs.DATASETS[name][0]
     for file, sha in hub.checksums()[folder].items():  # data.sha256, what download() checks, fits these files
         assert hub.sha256_file(SHARED / folder / file) == sha, file
+
+
+@pytest.mark.parametrize("name", README_COUNTS)
+def test_benchmark_texts_are_words_not_bare_ids_and_get_no_warning(name):
+    # measured 2026-11-28, entity texts id-like: FB15k-237 25 of 14,951 ('2046', 'U-571'), WN11 70 of 38,588
+    # ('k', '1000000000'), FB13 3 of 75,043 ('Se7En 1984'), WN18RR and UMLS none; relation texts none
+    kg = shared(name)
+    assert graphs.id_like_share(kg.ent_text) < 0.005 and graphs.id_like_share(kg.rel_text) == 0
+    assert not [note for note in kg.notes if note.startswith("warning:")]
