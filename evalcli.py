@@ -105,7 +105,7 @@ def parse_args(argv, doc):
         if args.data and args.data.lower() in graphs.DATASETS:
             args.data = args.data.lower()
         if args.data:
-            graphs.dataset(args.data, args.data_dir)  # a benchmark, or a folder with train.tsv
+            graphs.dataset(args.data, args.data_dir)  # a benchmark, or a folder with a train split
     except ValueError as e:  # a query that is none; a --data neither a benchmark nor a folder
         ap.error(str(e))
     ints = ("limit", "topk", "tokens", "block_rows", "max_seq_length", "stop_after_queries")
@@ -217,11 +217,11 @@ def check_graph(run, meta, kg):
                          f"{meta['data_fingerprint']}, these are {kg.fingerprint})")
     if run.task == "tc" and kg.task != "tc":
         raise SystemExit(f"error: {kg.name} has no labelled dev/test negatives; triple "
-                         "classification needs wn11, fb13 or a folder whose test.tsv has a 4th "
+                         "classification needs wn11, fb13 or a folder whose test split has a 4th "
                          "column (1/-1)")
     need = {"tc": ["dev", "test"], "lp": [run.split]}.get(run.task, [])
     for split in [s for s in need if not len(getattr(kg, s))]:
-        raise SystemExit(f"error: {kg.folder / (split + '.tsv')}: no such file (--{run.task} "
+        raise SystemExit(f"error: {kg.split_files[split]}: no such file (--{run.task} "
                          "needs it)")
 
 

@@ -228,7 +228,7 @@ def dev_point(tr, epoch, names):
     so far. The other ranks wait."""
     if tr.ddp_rank == 0:
         history, end = tr.history, "ckpt" in names
-        if len(tr.kg.dev):  # a graph of one's own may lack dev.tsv
+        if len(tr.kg.dev):  # a graph of one's own may lack a dev split
             dev, line = dev_metric(tr.model.eval(), tr.kg, tr.enc, tr.run, tr.device, tr.dtype,
                                    tr.near)
             tr.model.train()

@@ -182,7 +182,7 @@ def announce(run, kg, model, where, print0, presets):
                + own)
     notes = list(kg.notes)
     if len(kg.dev) == 0:
-        notes.append(f"{kg.folder}: no dev.tsv, so no dev points and no best.safetensors; "
-                     "ckpt.safetensors is the last epoch")
+        notes.append(f"{kg.folder}: no {kg.split_files['dev'].name}, so no dev points and no "
+                     "best.safetensors; ckpt.safetensors is the last epoch")
     for note in notes:
         print0(note)

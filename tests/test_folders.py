@@ -1,7 +1,7 @@
 """A graph's folder as KGE datasets ship it: train, dev or valid, test, each .tsv or .txt (KG-BERT's dev.tsv,
 PyKEEN's and LibKGE's valid.txt); a line repeated in any split kept once; a graph whose text is bare ids
 (tests/ids_kg: person0..person19, term0..term3, PyKEEN's names, no text files) warned about, trained and ranked."""
-import json, os, subprocess, sys
+import json, os, re, subprocess, sys
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +178,9 @@ def test_a_graph_of_bare_ids_trains_and_ranks_from_its_txt_files_with_the_warnin
     out = tmp_path / "run"
     log = run("train.py", "--data", "tests/ids_kg", "--recipe", "cpu", "--epochs", "1", "--max-steps", "2", "--out", out)
     assert log.count("warning: tests/ids_kg: 100% of the entity texts look like bare ids") == 1
+    # its dev point (valid.txt) is at chance, and says so beside a random scorer's MRR
+    assert re.search(r"dev after epoch 1: mrr 0\.\d+, .*; within noise of a random scorer \(MRR 0\.\d{4} \+- "
+                     r"0\.\d{4} on these triples\)", log), log
     log = run("evaluate.py", "--lp", "--ckpt", out, "--dtype", "fp32", "--out", tmp_path / "lp.json")
     assert "ids_kg: 100% of the entity texts look like bare ids" in log  # the folder as the checkpoint found it
     result = json.loads((tmp_path / "lp.json").read_text())
