@@ -1,6 +1,6 @@
 """A minimal BERT in pure PyTorch (post-LN, exact erf GELU, F.scaled_dot_product_attention, pooler
-and NSP head) that loads the original Hugging Face weights; `python hub.py --check NAME_OR_PATH` is
-the first smoke test for a model."""
+and NSP head) that loads the original Hugging Face weights. The first smoke test for a model:
+`python -m support.hub --check NAME_OR_PATH`."""
 import json
 import re
 from dataclasses import dataclass, fields
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from files import readable, sha256_file
+from support.files import readable, sha256_file
 
 
 class CheckpointError(ValueError):
@@ -121,6 +121,12 @@ class BertOutput:
     nsp_logits: torch.Tensor  # (B, 2); class 0 = "B follows A" = a true triple
     pooled: torch.Tensor  # (B, H)
     hidden_states: tuple | None  # embeddings output, then every layer's output
+
+
+def autocast(dtype, device):
+    """The precision a model runs in: 'bf16' autocasts the matmuls to bf16, 'fp32' switches
+    autocast off (also an outer one). The NSP head stays fp32 either way (Bert.nsp_head)."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
 
 def sdpa_mask(attention_mask):

@@ -1,13 +1,15 @@
-"""A knowledge graph (graphs.py) -> BERT sentence pairs with PALT's prompt slots, negatives,
-link-prediction queries."""
+"""A knowledge graph (support/graphs.py) -> BERT sentence pairs with PALT's prompt slots, and the
+training negatives with their train-only filter."""
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from devices import autocast
-from graphs import DataError, in_sorted
+
+
+class DataError(ValueError):
+    """Bad or missing data; the message is one line, 'path:line: what is wrong'."""
 
 
 # ----------------------------------------------------------------------------- tokens and sequences
@@ -80,7 +82,7 @@ def seq_lengths(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
     return _part_lengths(enc, t, max_seq_length - sum(prompts)).sum(1) + 3 + sum(prompts)
 
 
-def _fill(out, flat, src, dst, n):
+def fill_rows(out, flat, src, dst, n):
     """out[i, dst[i] + j] = flat[src[i] + j] for j < n[i], all rows at once."""
     rows, j = np.nonzero(np.arange(n.max(initial=0))[None, :] < n[:, None])
     out[rows, dst[rows] + j] = flat[src[rows] + j]
@@ -100,9 +102,9 @@ def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
     input_ids[:, 0] = enc.cls_id
     input_ids[rows, sep1] = enc.sep_id
     input_ids[rows, n - 1] = enc.sep_id
-    _fill(input_ids, enc.ent_ids, enc.ent_off[t[:, 0]], np.full(B, 1 + b), lens[:, 0])
-    _fill(input_ids, enc.rel_ids, enc.rel_off[t[:, 1]], 1 + b + lens[:, 0], lens[:, 1])
-    _fill(input_ids, enc.ent_ids, enc.ent_off[t[:, 2]], sep1 + 1, lens[:, 2])
+    fill_rows(input_ids, enc.ent_ids, enc.ent_off[t[:, 0]], np.full(B, 1 + b), lens[:, 0])
+    fill_rows(input_ids, enc.rel_ids, enc.rel_off[t[:, 1]], 1 + b + lens[:, 0], lens[:, 1])
+    fill_rows(input_ids, enc.ent_ids, enc.ent_off[t[:, 2]], sep1 + 1, lens[:, 2])
     prompt_index = np.full((B, L), -1, dtype=np.int64)
     # P*b, P*m, P*e: (index of the first prompt vector, first position, count)
     slots = ((0, 1, b), (b, sep1 - m, m), (b + m, sep1 + 1 + lens[:, 2], e))
@@ -115,46 +117,25 @@ def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
     return {k: torch.from_numpy(v.astype(np.int64, copy=False)) for k, v in batch.items()}
 
 
+def to_device(t, device):
+    """A CPU tensor on the device; to a GPU through pinned memory, so the copy does not wait for the
+    GPU's queue: the CPU goes on building the next batch while the GPU runs this one."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 # ----------------------------------------------------------------------------- negatives
-@torch.inference_mode()
-def entity_embeddings(bert, S, enc, device="cpu", dtype="fp32", tokens=1 << 14):
-    """(len(S), H) unit vectors: the frozen encoder's mean-pooled [CLS] text [SEP] states of the
-    entities S, whose cosines find the near entities (hard negatives, the dev estimate, --predict's
-    shortlist)."""
-    n = np.minimum(np.diff(enc.ent_off)[S], 62) + 2  # [CLS] text [SEP], at most 64 tokens
-    order = np.argsort(-n, kind="stable")
-    emb = torch.empty(len(S), bert.config.hidden_size)
-    i = 0
-    while i < len(S):  # longest first, batches of at most `tokens` tokens
-        idx = order[i:i + max(1, tokens // int(n[order[i]]))]
-        B, L = len(idx), int(n[idx].max())
-        ids = np.full((B, L), enc.pad_id, dtype=np.int64)
-        ids[:, 0] = enc.cls_id
-        ids[np.arange(B), n[idx] - 1] = enc.sep_id
-        _fill(ids, enc.ent_ids, enc.ent_off[S[idx]], np.ones(B, np.int64), n[idx] - 2)
-        mask = torch.from_numpy(np.arange(L)[None, :] < n[idx][:, None]).to(device)
-        with autocast(dtype, device):
-            ids = torch.from_numpy(ids).to(device)
-            out = bert(ids, None, mask.long(), output_hidden_states=True)
-        h = out.hidden_states[-1]  # (B, L, H)
-        emb[idx] = ((h.float() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)).cpu()
-        i += B
-    return torch.nn.functional.normalize(emb, dim=-1)
+def triple_keys(kg, triples):
+    """One int64 per triple, (h*R + r)*E + t: sorted keys make set lookups vectorised."""
+    t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)  # (N, 3)
+    return (t[:, 0] * len(kg.relations) + t[:, 1]) * len(kg.entities) + t[:, 2]
 
 
-def nearest_entities(kg, emb, k=32):
-    """(E, k) int64: the k split entities nearest each one by the cosine of their embeddings
-    (entity_embeddings of kg.split_entities), itself excluded (outside the splits: itself): the hard
-    cases random draws from 40k miss."""
-    S = kg.split_entities
-    near = np.repeat(np.arange(len(kg.entities))[:, None], k, axis=1)
-    for s in range(0, len(S) if len(S) > 1 else 0, 1024):  # (1024, |S|) similarities at a time
-        sim = emb[s:s + 1024] @ emb.T
-        sim[torch.arange(len(sim)), torch.arange(s, s + len(sim))] = -torch.inf  # not itself
-        top = sim.topk(min(k, len(S) - 1), dim=1).indices.numpy()
-        # fewer than k others: repeated
-        near[S[s:s + 1024]] = S[top[:, np.arange(k) % top.shape[1]]]
-    return near
+def in_sorted(keys, k):
+    """True where k is in the sorted array `keys`."""
+    return keys[np.minimum(np.searchsorted(keys, k), len(keys) - 1)] == k
 
 
 class NegativeSampler:
@@ -169,7 +150,7 @@ class NegativeSampler:
                  hard=0.0):
         self.kg, self.seed, self.rounds, self.near, self.hard = kg, seed, rounds, near, hard
         # triple classification: train holds positives
-        self.train_keys = np.unique(kg.key(kg.train))
+        self.train_keys = np.unique(triple_keys(kg, kg.train))
         # Each negative slot of a positive is the column (0 head, 1 relation, 2 tail) it replaces.
         # E.g. n_head=1, n_rel=0, n_tail=1, n_self=2 -> column [0, 2, 2, 0], is_self [F, F, T, T]:
         # a new head, a new tail, then (h, r, h) (the tail replaced by the head) and (t, r, t).
@@ -180,7 +161,7 @@ class NegativeSampler:
 
     def is_train(self, triples):
         """True where a triple is a train triple: the corruptions redrawn."""
-        return in_sorted(self.train_keys, self.kg.key(triples))
+        return in_sorted(self.train_keys, triple_keys(self.kg, triples))
 
     def negatives(self, epoch):
         """(N_train, K, 3) int64, uniform over the valid corruptions, the same on every rank for
@@ -228,51 +209,3 @@ class NegativeSampler:
                                 f"{kg.relations[r]}, {kg.entities[t]}) is false: every candidate "
                                 "is a train triple")
             neg[rows, c] = valid[rng.integers(len(valid), size=len(rows))]
-
-
-# ----------------------------------------------------------------------------- link prediction
-@dataclass(eq=False)
-class LPQueries:
-    candidates: np.ndarray  # (C,) entity indices that are ranked
-    queries: np.ndarray  # (Q,3) rows (side, r, e): side 0 = (?, r, t=e), side 1 = (h=e, r, ?)
-    triple_query: np.ndarray  # (T,2) index of each triple's head query and tail query
-    target: np.ndarray  # (T,2) position in candidates of each triple's true head and tail
-    # (Q+1,) CSR: filter_pos[filter_ptr[q]:filter_ptr[q+1]] are the positions in candidates of
-    # every known answer of query q (the triple's own one included)
-    filter_ptr: np.ndarray
-    filter_pos: np.ndarray
-
-
-def lp_queries(kg, split="test", candidates="split"):
-    """Unique (?, r, t) and (h, r, ?) queries of a split, so each query's candidates are scored
-    once. candidates: 'split' (entities in any split), 'all' (every entity with text), or an array
-    of entity indices (a sample).
-
-    A query (side, r, e) is one int64, (side*R + r)*E + e, so that np.unique sorts and numbers them.
-    Example, E = 10, R = 2: the triple (3, 1, 7) asks (?, 1, 7), key (0*2 + 1)*10 + 7 = 17, and (3,
-    1, ?), key (1*2 + 1)*10 + 3 = 33; every known fact (h, r, t) answers the query keyed like its
-    own head query with h and the one keyed like its own tail query with t."""
-    E, R = len(kg.entities), len(kg.relations)
-    triples, labels = getattr(kg, split), getattr(kg, f"{split}_labels", None)
-    if labels is not None:
-        triples = triples[labels]  # triple classification: its true triples
-    cand = candidates
-    if isinstance(candidates, str):
-        cand = {"split": kg.split_entities, "all": np.arange(E)}[candidates]
-    where = np.full(E, -1, dtype=np.int64)  # entity -> its position in cand
-    where[cand] = np.arange(len(cand))
-    h, r, t = triples.T
-    head_keys, tail_keys = r * E + t, (R + r) * E + h
-    ukey, inv = np.unique(np.concatenate([head_keys, tail_keys]), return_inverse=True)
-    # the known facts, as answers of those keys
-    fh, fr, ft = kg.known // (R * E), kg.known // E % R, kg.known % E
-    akey = np.concatenate([fr * E + ft, (R + fr) * E + fh])
-    ans = where[np.concatenate([fh, ft])]
-    # an answer outside a candidate sample is not ranked: nothing to filter
-    keep = (ans >= 0) & np.isin(akey, ukey)
-    order = np.lexsort((ans[keep], akey[keep]))  # by query, then by position
-    ptr = np.append(np.searchsorted(akey[keep][order], ukey), keep.sum())
-    queries = np.stack([ukey // (R * E), ukey // E % R, ukey % E], 1)
-    triple_query = inv.reshape(2, -1).T.copy()  # (2T,) -> (T, 2): head query, tail query
-    target = np.stack([where[h], where[t]], 1)
-    return LPQueries(cand, queries, triple_query, target, ptr, ans[keep][order])

@@ -15,20 +15,19 @@ import functools
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import bert
-import bigrank
-import data
-import evalcli
-import graphs
 import palt
-import predict
-from devices import autocast, check_compiler, init_distributed, resolve_dtype, to_device
-from flags import check_seq_length
+from bert import autocast
+from data import build_batch, encode, seq_lengths, to_device
+from support import bigrank, evalcli, graphs, predict
+from support.devices import check_compiler, init_distributed, resolve_dtype
+from support.flags import check_seq_length
 
 KS = (1, 3, 10)  # Hits@k
 MIN_ROWS = 32  # a batch's fewest rows where lengths differ (Scorer)
@@ -114,14 +113,6 @@ def random_mrr(lpq, tri, draws=1000, seed=0):
     return float((harmonic(n) / n).mean()), float((1 / r).mean((1, 2)).std())
 
 
-def chance_accuracy(scores, labels, n=20, seed=0):
-    """(mean, sd) of best_threshold's accuracy when the labels are shuffled (`n` seeded
-    permutations): what a threshold tuned on scores that carry nothing reaches on these triples."""
-    rng = np.random.default_rng(seed)
-    acc = [best_threshold(scores, rng.permutation(labels))[1] for _ in range(n)]
-    return float(np.mean(acc)), float(np.std(acc))
-
-
 def best_threshold(scores, labels):
     """(θ, accuracy) of the best rule "true iff score > θ", by exact search over -inf, the midpoints
     between distinct scores and +inf: after one sort, cumulative counts give every candidate's
@@ -176,14 +167,14 @@ class Scorer:
     @torch.inference_mode()
     def __call__(self, triples):
         triples = np.asarray(triples, np.int64).reshape(-1, 3)  # (N, 3)
-        lengths = data.seq_lengths(self.enc, triples, self.prompts, self.max_seq_length)
+        lengths = seq_lengths(self.enc, triples, self.prompts, self.max_seq_length)
         order = np.argsort(-lengths, kind="stable")
         descending = lengths[order]
         out = torch.empty(len(triples), dtype=torch.float32, device=self.device)
         i = 0
         while i < len(order):
             idx = order[i:self.batch_end(descending, i)]
-            batch = data.build_batch(self.enc, triples[idx], self.prompts, self.max_seq_length)
+            batch = build_batch(self.enc, triples[idx], self.prompts, self.max_seq_length)
             batch = {k: to_device(v, self.device) for k, v in batch.items()}
             if lengths[idx[-1]] == descending[i]:  # one length: no padding to mask
                 batch["attention_mask"] = None
@@ -202,6 +193,53 @@ class Scorer:
 
 
 # ----------------------------------------------------------------------------- link prediction
+@dataclass(eq=False)
+class LPQueries:
+    candidates: np.ndarray  # (C,) entity indices that are ranked
+    queries: np.ndarray  # (Q,3) rows (side, r, e): side 0 = (?, r, t=e), side 1 = (h=e, r, ?)
+    triple_query: np.ndarray  # (T,2) index of each triple's head query and tail query
+    target: np.ndarray  # (T,2) position in candidates of each triple's true head and tail
+    # (Q+1,) CSR: filter_pos[filter_ptr[q]:filter_ptr[q+1]] are the positions in candidates of
+    # every known answer of query q (the triple's own one included)
+    filter_ptr: np.ndarray
+    filter_pos: np.ndarray
+
+
+def lp_queries(kg, split="test", candidates="split"):
+    """Unique (?, r, t) and (h, r, ?) queries of a split, so each query's candidates are scored
+    once. candidates: 'split' (entities in any split), 'all' (every entity with text), or an array
+    of entity indices (a sample).
+
+    A query (side, r, e) is one int64, (side*R + r)*E + e, so that np.unique sorts and numbers them.
+    Example, E = 10, R = 2: the triple (3, 1, 7) asks (?, 1, 7), key (0*2 + 1)*10 + 7 = 17, and (3,
+    1, ?), key (1*2 + 1)*10 + 3 = 33; every known fact (h, r, t) answers the query keyed like its
+    own head query with h and the one keyed like its own tail query with t."""
+    E, R = len(kg.entities), len(kg.relations)
+    triples, labels = getattr(kg, split), getattr(kg, f"{split}_labels", None)
+    if labels is not None:
+        triples = triples[labels]  # triple classification: its true triples
+    cand = candidates
+    if isinstance(candidates, str):
+        cand = {"split": kg.split_entities, "all": np.arange(E)}[candidates]
+    where = np.full(E, -1, dtype=np.int64)  # entity -> its position in cand
+    where[cand] = np.arange(len(cand))
+    h, r, t = triples.T
+    head_keys, tail_keys = r * E + t, (R + r) * E + h
+    ukey, inv = np.unique(np.concatenate([head_keys, tail_keys]), return_inverse=True)
+    # the known facts, as answers of those keys
+    fh, fr, ft = kg.known // (R * E), kg.known // E % R, kg.known % E
+    akey = np.concatenate([fr * E + ft, (R + fr) * E + fh])
+    ans = where[np.concatenate([fh, ft])]
+    # an answer outside a candidate sample is not ranked: nothing to filter
+    keep = (ans >= 0) & np.isin(akey, ukey)
+    order = np.lexsort((ans[keep], akey[keep]))  # by query, then by position
+    ptr = np.append(np.searchsorted(akey[keep][order], ukey), keep.sum())
+    queries = np.stack([ukey // (R * E), ukey // E % R, ukey % E], 1)
+    triple_query = inv.reshape(2, -1).T.copy()  # (2T,) -> (T, 2): head query, tail query
+    target = np.stack([where[h], where[t]], 1)
+    return LPQueries(cand, queries, triple_query, target, ptr, ans[keep][order])
+
+
 def naive_ranks(scorer, lpq, tri):
     """The definition, one test triple and side at a time (the tests hold rank_queries to it): score
     every candidate; the filtered rank counts the candidates that beat the answer, leaving out the
@@ -283,7 +321,7 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
     process, for train.py's dev report, and random_mrr there. sample: rank against that many seeded
     entities plus the triples' own, not all: cheap, and it flatters. near (E, n) with a sample:
     estimate the exact ranks instead (bigrank.stratified_ranks, `sample` draws), also unbiased."""
-    lpq = data.lp_queries(kg, split)
+    lpq = lp_queries(kg, split)
     tri = bigrank.select(len(lpq.target), limit, seed)
     if sample and sample < len(lpq.candidates) and near is not None:
         r, scored = bigrank.stratified_ranks(scorer, lpq, tri, seed, near, sample)
@@ -293,7 +331,7 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
     if sample and sample < len(lpq.candidates):
         drawn = np.random.default_rng(seed).choice(lpq.candidates, sample, replace=False)
         # the triples' own entities are always in
-        lpq = data.lp_queries(kg, split, np.union1d(drawn, getattr(kg, split)[tri][:, [0, 2]]))
+        lpq = lp_queries(kg, split, np.union1d(drawn, getattr(kg, split)[tri][:, [0, 2]]))
     block = max(1, (1 << 16) // len(lpq.candidates))
     queries = np.unique(lpq.triple_query[tri])
     ranks = np.concatenate([r for _, r in rank_queries(scorer, lpq, tri, queries, block)])
@@ -304,7 +342,7 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
 def link_prediction(run, scorer, kg, info, state_dir, ddp_rank, world_size):
     """Filtered ranks of every (or --limit seeded random) test triple, as head and as tail, sharded
     over the ranks and resumable (bigrank.ranked_rows), and their metrics."""
-    lpq = data.lp_queries(kg, run.split, run.candidates)
+    lpq = lp_queries(kg, run.split, run.candidates)
     rank = functools.partial(rank_queries, scorer, lpq, np.arange(len(lpq.target)))
     ranks, tri, counts, state = bigrank.ranked_rows(run, lpq, kg, info, state_dir, rank, scorer,
                                                     ddp_rank, world_size)
@@ -403,7 +441,7 @@ def open_model(run, kg, device, dtype):
     model, tokenizer, info = evalcli.load_model(run, device)
     check_seq_length(info["max_seq_length"], sum(info["prompts"]),
                      model.bert.config.max_position_embeddings, info["model"])
-    scorer = Scorer(model, data.encode(kg, tokenizer), info["prompts"], info["max_seq_length"],
+    scorer = Scorer(model, encode(kg, tokenizer), info["prompts"], info["max_seq_length"],
                     device, dtype, run.tokens, run.compile)
     return Model(scorer, kg, tokenizer, info)
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from bert import sdpa_mask
-from hub import load_bert
+from support.hub import load_bert
 
 
 class ConfigError(ValueError):

@@ -29,12 +29,8 @@ import torch
 
 import bert
 import data
-import evalcli
-import files
-import graphs
-import hub
 import palt
-import predict
+from support import evalcli, files, graphs, hub, predict
 
 DPI = 100
 PART_COLOURS = {"[CLS]": "grey", "[SEP]": "grey", "prompt": "darkorange", "head": "black",

@@ -1,36 +1,44 @@
 """Train PALT on a knowledge graph: one CPU, one GPU, or many with torchrun.
 
-  python train.py --data umls --model minilm --epochs 3
+  python train.py --data umls --recipe cpu
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 
-The loop (train): each epoch draws its negatives and orders its steps; each step sets the lr, takes
-one optimizer step, logs, makes a dev point and saves every --dev-every steps, and stops on a
-signal; each epoch ends with a dev point, best.safetensors if better, ckpt.safetensors and the
-resume state.
+Read top to bottom: PRESETS (every recipe's settings), the lr schedule, one optimizer step
+(train_step), the loop (train), then the set-up: torchrun's processes, the model and its AdamW
+groups, the negatives, the resumed state (setup). Flag checks, checkpoint files and the dev point's
+figure live in support/.
 """
+import json
+import os
 import signal
 import time
+import typing
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-import evaluate
-import flags
 import plot
-from bert import CheckpointError
-from checkpoints import save_run
-from data import build_batch, seq_lengths
-from devices import autocast, to_device
-from graphs import DataError
-from palt import ConfigError
-from trainer import setup
+from bert import CheckpointError, autocast
+from data import NegativeSampler, build_batch, encode, seq_lengths, to_device
+from palt import ConfigError, PaltConfig, build_palt, param_report
+from support import flags
+from support.checkpoints import (check_output, check_resumable, open_log, palt_meta, restore,
+                                 save_run)
+from support.devices import check_devices, compiled, resolve_dtype
+from support.devmetric import dev_metric
+from support.graphs import DataError, load_kg
+from support.near import entity_embeddings, nearest_entities
 
 # PRESETS[recipe][data] fills every setting a run leaves open (None: not set). paper: the paper's
 # appendix (BERT-base on GPUs; umls and 'own', a graph of one's own: our choice). cpu: ours for
-# MiniLM on a few CPU cores. gpu: the cpu recipe compiled; the big graphs train the paper's 10
-# epochs with a dev point every 2,500 steps. A big graph's dev MRR is estimated: the dev_near
+# MiniLM on a few CPU cores. gpu: the cpu recipe compiled, and on the big graphs
+# the paper's 10 epochs, a dev point every 2,500 steps and their own negatives (self-negatives;
+# FB15k-237 5+5+5, WN18RR hard ones). A big graph's dev MRR is estimated: the dev_near
 # nearest entities scored, dev_sample drawn (RESULTS.md).
 COLUMNS = ("lr", "batch", "prompts", "negatives", "epochs", "dev_limit", "dev_sample", "dev_every",
            "dev_near", "hard_negatives", "compile")
@@ -62,41 +70,48 @@ STOP = []  # the signals received: SIGINT (Ctrl-C) or SIGTERM end a run after th
 
 
 def parse_args(argv=None):
-    """train.py's Run: flags.parse_args with this file's PRESETS."""
+    """train.py's Run (support/flags.py: each flag with its default, help and bounds), PRESETS
+    filling what the command line leaves open."""
     return flags.parse_args(argv, PRESETS, __doc__.splitlines()[0])
 
 
-def epoch_order(lengths, per_step, epoch, seed, pool_steps=100):
-    """(steps, per_step) train-positive indices, alike on every rank and after --resume: a seeded
-    permutation sorted by `lengths` in pools of `pool_steps` steps (0: a plain shuffle), so steps
-    pad little, then shuffled."""
-    rng = np.random.default_rng([seed, epoch, 1])  # (seed, epoch) alone seeds the negatives
-    n_steps = len(lengths) // per_step
-    perm = rng.permutation(len(lengths))[:n_steps * per_step]
-    if not pool_steps:
-        return perm.reshape(n_steps, per_step)  # (steps, per_step)
-    pool = np.arange(len(perm)) // (pool_steps * per_step)
-    perm = perm[np.lexsort((lengths[perm], pool))]  # by pool, then by length inside the pool
-    return perm.reshape(n_steps, per_step)[rng.permutation(n_steps)]
+# ----------------------------------------------------------------------------- the recipe
+def learning_rate(step_index, peak, warm, total):
+    """The lr of the optimizer step at 0-based `step_index`: a linear warm-up to `peak` over `warm`
+    steps (10% of them by default, --warmup), then a linear decay to zero at `total` (BERT's
+    schedule)."""
+    if step_index < warm:
+        return peak * (step_index + 1) / warm
+    return peak * max(0.0, (total - step_index) / max(1, total - warm))
 
 
-def learning_rate(step, peak, warm, total):
-    """The lr of optimizer step `step` (0-based): a linear warm-up to `peak` over `warm` steps, then
-    a linear decay to zero at `total` (BERT's schedule)."""
-    if step < warm:
-        return peak * (step + 1) / warm
-    return peak * max(0.0, (total - step) / max(1, total - warm))
+def adamw(model, params, run, device):
+    """AdamW (betas 0.9, 0.999) with weight decay on matrices only (not biases and LayerNorm), and
+    the heads the checkpoint lacked at their own lr (--head-lr): each group's lr_scale times the
+    step's lr."""
+    groups = {}  # (decays, is a new head) -> parameters
+    new_heads = [["bert", name] for name in model.new_heads]
+    for n, p in params.items():
+        groups.setdefault((p.ndim >= 2, n.split(".")[:2] in new_heads), []).append(p)
+    param_groups = []
+    for (decays, is_new_head), ps in groups.items():
+        scale = (run.head_lr or run.lr) / run.lr if is_new_head else 1.0
+        param_groups.append({"params": ps, "weight_decay": run.weight_decay if decays else 0.0,
+                             "lr_scale": scale})
+    return torch.optim.AdamW(param_groups, lr=run.lr, betas=(0.9, 0.999), eps=1e-8,
+                             fused=device.type == "cuda")
 
 
 def train_step(forward, opt, params, batch, n_pos, lr, grad_clip, dtype, device):
-    """One optimizer step on a batch of n_pos positives, then their negatives; returns the loss, on
-    the device (an .item() here would make the CPU wait for the GPU every step)."""
+    """One optimizer step on a batch of n_pos positives, then their negatives: NSP cross-entropy,
+    the gradient clipped to norm grad_clip (1.0), AdamW at this step's lr. Returns the loss, on the
+    device (an .item() here would make the CPU wait for the GPU every step)."""
     labels = torch.ones(len(batch["input_ids"]), dtype=torch.long)
     labels[:n_pos] = 0  # class 0 = a true triple, BERT's "is next"
     with autocast(dtype, device):
         logits = forward(**{k: to_device(v, device) for k, v in batch.items()})
     loss = torch.nn.functional.cross_entropy(logits.float(), to_device(labels, device))
-    loss.backward()
+    loss.backward()  # under DDP the gradients are averaged over the processes here
     torch.nn.utils.clip_grad_norm_(params.values(), grad_clip)
     for g in opt.param_groups:
         g["lr"] = lr * g["lr_scale"]
@@ -106,39 +121,45 @@ def train_step(forward, opt, params, batch, n_pos, lr, grad_clip, dtype, device)
 
 
 def train(tr, total):
-    """The training loop, up to step `total`; False if a signal stopped it (saved, to resume)."""
+    """The training loop, up to step `total`; False if a signal stopped it (saved, to resume).
+    Each epoch draws its negatives and orders its steps; each step sets the lr, takes one optimizer
+    step, logs, makes a dev point and saves every --dev-every steps, and stops on a signal; each
+    epoch ends with a dev point, best.safetensors if better, ckpt.safetensors and the resume
+    state."""
     run, history, kg = tr.run, tr.history, tr.kg
     warm = max(1, int(run.warmup * total))  # learning_rate's warm-up steps
-    for epoch in range(history["epoch"], run.epochs):
+    # history["epoch"] and ["step"] count the epochs and steps done; the loops' indices are 0-based
+    for epoch_index in range(history["epoch"], run.epochs):
         if history["step"] >= total:
             break
         tr.ddp_model.train()
-        neg = tr.negatives.negatives(epoch)  # (N, K, 3): each train positive's K corruptions
-        order = step_order(tr, neg, epoch)  # (steps, positives per step on this rank)
-        start = epoch * len(order)  # the epoch's first step: a resumed run starts further on
+        neg = tr.negatives.negatives(epoch_index)  # (N, K, 3): each train positive's K corruptions
+        order = step_order(tr, neg, epoch_index)  # (steps, positives per step on this process)
+        first = epoch_index * len(order)  # the epoch's first step: a resumed run starts further on
         meter = Meter(history["train_wall_s"], tr.device)
-        for i in range(history["step"] - start, min(len(order), total - start)):
-            step = start + i
-            last = i == len(order) - 1 or step + 1 == total
+        for i in range(history["step"] - first, min(len(order), total - first)):
+            step_index = first + i
+            last = i == len(order) - 1 or step_index + 1 == total
             # lr
-            lr = learning_rate(step, run.lr, warm, total)
+            lr = learning_rate(step_index, run.lr, warm, total)
             # step: the positives, then their negatives; seeded dropout: --resume replays a step
-            torch.manual_seed(run.seed + 1_000_003 * step + tr.ddp_rank)
+            torch.manual_seed(run.seed + 1_000_003 * step_index + tr.ddp_rank)
             idx = order[i]
             # (P, 3) positives, then (P, K, 3) -> (P*K, 3) negatives
             triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
             batch = build_batch(tr.enc, triples, run.prompts, run.max_seq_length)
             loss = train_step(tr.forward, tr.opt, tr.params, batch, len(idx), lr, run.grad_clip,
                               tr.dtype, tr.device)
-            history["step"] = step + 1
+            history["step"] = step_index + 1
             meter.add(loss, batch)
             # log
             if history["step"] % run.log_every == 0 or last:
-                tr.log0(meter.line(epoch, run.epochs, history["step"], total, lr, len(triples), tr))
+                tr.log0(meter.line(epoch_index, run.epochs, history["step"], total, lr,
+                                   len(triples), tr))
             # dev point and save: every --dev-every steps (the epoch's end saves the rest)
             if run.dev_every and history["step"] % run.dev_every == 0 and not last:
                 with meter.paused(history):
-                    dev_point(tr, round(epoch + (i + 1) / len(order), 3), ["state"])
+                    dev_point(tr, round(epoch_index + (i + 1) / len(order), 3), ["state"])
             # stop signal: Ctrl-C, or a kill; this step is kept, saved, and resumes
             if stop_requested(history["step"], run.log_every, tr.ddp):
                 history["train_wall_s"] = meter.wall()
@@ -146,19 +167,34 @@ def train(tr, total):
                 return False
         history["train_wall_s"] = meter.wall()
         # the epoch's end: a dev point, then best (if better), ckpt and the resume state
-        history["epoch"] = epoch + 1
-        dev_point(tr, epoch + 1, ["ckpt", "state"])
+        history["epoch"] = epoch_index + 1
+        dev_point(tr, epoch_index + 1, ["ckpt", "state"])
     return True
 
 
-def step_order(tr, neg, epoch):
-    """This rank's positives of each step of the epoch, similar lengths together (epoch_order)."""
+def epoch_order(lengths, per_step, epoch_index, seed, pool_steps=100):
+    """(steps, per_step) train-positive indices, alike on every rank and after --resume: a seeded
+    permutation sorted by `lengths` in pools of `pool_steps` steps (0: a plain shuffle), so steps
+    pad little, then shuffled."""
+    rng = np.random.default_rng([seed, epoch_index, 1])  # [seed, epoch_index]: the negatives
+    n_steps = len(lengths) // per_step
+    perm = rng.permutation(len(lengths))[:n_steps * per_step]
+    if not pool_steps:
+        return perm.reshape(n_steps, per_step)  # (steps, per_step)
+    pool = np.arange(len(perm)) // (pool_steps * per_step)
+    perm = perm[np.lexsort((lengths[perm], pool))]  # by pool, then by length inside the pool
+    return perm.reshape(n_steps, per_step)[rng.permutation(n_steps)]
+
+
+def step_order(tr, neg, epoch_index):
+    """This process's positives of each step of the epoch, similar lengths together
+    (epoch_order)."""
     run = tr.run
     group = np.concatenate([tr.kg.train[:, None], neg], 1).reshape(-1, 3)  # positive, negatives
     lengths = seq_lengths(tr.enc, group, run.prompts, run.max_seq_length)
     lengths = lengths.reshape(len(neg), -1).max(1)  # (N,) the longest of each positive's group
     # process r takes every world_size-th positive of each global step (DistributedSampler's split)
-    return epoch_order(lengths, run.batch, epoch, run.seed)[:, tr.ddp_rank::tr.world_size]
+    return epoch_order(lengths, run.batch, epoch_index, run.seed)[:, tr.ddp_rank::tr.world_size]
 
 
 class Meter:
@@ -176,14 +212,14 @@ class Meter:
         self.n_real += int(batch["attention_mask"].sum())
         self.n_padded += batch["input_ids"].numel()
 
-    def line(self, epoch, epochs, step, total, lr, n_triples, tr):
+    def line(self, epoch_index, epochs, step, total, lr, n_triples, tr):
         dt = time.time() - self.t0
         loss = self.loss_sum.item() / self.n_steps
         per_s = self.n_steps * n_triples * tr.world_size / dt
         eta = (total - step) * dt / self.n_steps / 60
-        return (f"epoch {epoch + 1}/{epochs} step {step}/{total} loss {loss:.4f} lr {lr:.2e} seq/s "
-                f"{per_s:.0f} padded/real {self.n_padded / self.n_real:.2f} {tr.dtype} "
-                f"eta {eta:.1f}m")
+        return (f"epoch {epoch_index + 1}/{epochs} step {step}/{total} loss {loss:.4f} "
+                f"lr {lr:.2e} seq/s {per_s:.0f} padded/real {self.n_padded / self.n_real:.2f} "
+                f"{tr.dtype} eta {eta:.1f}m")
 
     def wall(self):
         return self.wall0 + time.time() - self.t0
@@ -245,43 +281,132 @@ def dev_point(tr, epoch, names):
         dist.barrier()  # the other ranks wait for rank 0's dev evaluation and saves
 
 
-def dev_metric(model, kg, enc, run, device, dtype, near=None):
-    """(metric, its log line): accuracy at the threshold tuned on dev itself (an upper estimate), or
-    the filtered MRR of the same seeded dev_limit dev triples every epoch, against all entities, a
-    sample, or estimated (dev_near)."""
-    scorer = evaluate.Scorer(model, enc, run.prompts, run.max_seq_length, device, dtype)
-    if kg.task == "tc":
-        scores = scorer.numpy(kg.dev)
-        acc = evaluate.best_threshold(scores, kg.dev_labels)[1]
-        chance = evaluate.chance_accuracy(scores, kg.dev_labels)
-        dev = {"metric": "accuracy", "value": acc, "random": chance[0]}
-        return dev, f"accuracy {acc:.4f}" + chance_note(acc, *chance, "accuracy")
-    near = near[:, :run.dev_near] if run.dev_near else None
-    m = evaluate.rank_split(scorer, kg, "dev", run.dev_limit, sample=run.dev_sample, near=near)
-    sampled = bool(run.dev_sample and m["candidates"] < len(kg.split_entities))
-    dev = {"metric": "mrr", "value": m["mrr"], "mr": m["mr"], "hits@10": m["hits@10"],
-           "triples": min(run.dev_limit or len(kg.dev), len(kg.dev)),
-           "candidates": m["candidates"], "sampled": sampled, "estimate": "estimate" in m,
-           "random": m["random_mrr"][0]}
-    against = f"against {m['candidates']:,} {'sampled ' if sampled else ''}candidates"
-    if dev["estimate"]:
-        against = f"(stratified estimate, {m['candidates']:,} candidates scored a query)"
-    line = (f"mrr {m['mrr']:.4f}, MR {m['mr']:.2f}, Hits@10 {m['hits@10']:.4f} on "
-            f"{dev['triples']} dev triples {against}")
-    return dev, line + chance_note(m["mrr"], *m["random_mrr"], "MRR")
 
 
-def chance_note(value, mean, sd, what):
-    """The dev line's warning where its metric is within noise (2 sd) of a random scorer's."""
-    if value >= mean + 2 * sd:
-        return ""
-    return (f"; within noise of a random scorer ({what} {mean:.4f} +- {2 * sd:.4f} on these "
-            "triples): nothing learned yet, or text that carries nothing (README, Your own graph)")
+# ----------------------------------------------------------------------------- the set-up
+@dataclass(eq=False)
+class Trainer:
+    """What the steps of a run share, built once by setup; `history` (epochs and steps done, the dev
+    curve, best, training seconds) goes into every checkpoint and comes back on --resume."""
+    run: flags.Run
+    out: Path
+    model: torch.nn.Module
+    ddp_model: torch.nn.Module  # the model, under DDP with torchrun
+    forward: typing.Callable  # ddp_model, under torch.compile with --compile: what a step calls
+    opt: torch.optim.Optimizer
+    params: dict
+    meta: dict
+    history: dict
+    kg: typing.Any
+    enc: typing.Any
+    negatives: NegativeSampler
+    near: np.ndarray | None
+    device: torch.device
+    dtype: str
+    ddp_rank: int
+    world_size: int
+    log0: typing.Callable  # process 0 prints and logs to out/log.txt; the others stay quiet
+
+    @property
+    def ddp(self):
+        return self.world_size > 1 or dist.is_initialized()
+
+
+def build(run, dtype, device):
+    """The PALT model (new heads seeded alike on every process), graph, token ids, metadata,
+    trainable params, AdamW."""
+    kg = load_kg(run.data, run.data_dir, run.text)  # before the model: a data error costs seconds
+    torch.manual_seed(run.seed)
+    cfg = PaltConfig(prompts=run.prompts, calib_layers=run.calib, prompt_encoder=not run.no_wp,
+                     prompt_mlp=run.prompt_mlp, finetune=run.finetune)
+    model, loaded = build_palt(run.model, cfg)
+    flags.check_model(run, model, loaded)
+    record = flags.recorded(run)  # paths inside the project relative to it, others absolute
+    report = param_report(model)
+    meta = dict(model=record["model"], weights_sha256=loaded.weights_sha256, data=record["data"],
+                data_fingerprint=kg.fingerprint, text=run.text, text_file=kg.text_file,
+                prompts=list(run.prompts), max_seq_length=run.max_seq_length, dtype=dtype,
+                palt=palt_meta(model), run=json.dumps(record), tunable=report["tunable"],
+                total=report["total"], negative_filter="train")  # corruptions redrawn when in train
+    model.to(device)
+    # bf16 autocast recasts a frozen weight at every call (it caches only weights that train: ~60
+    # cast kernels a step on a GPU): the encoder's frozen linears are cast once instead, to the same
+    # values, so the steps are bit-identical. The NSP head stays as it is: it runs in fp32.
+    if dtype == "bf16":
+        for m in model.bert.layers.modules():
+            if isinstance(m, torch.nn.Linear) and not any(p.requires_grad for p in m.parameters()):
+                m.to(torch.bfloat16)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    return model, kg, encode(kg, loaded.tokenizer), meta, params, adamw(model, params, run, device)
+
+
+def setup(run):
+    """(Trainer, total steps): torchrun's processes, the model, data and AdamW, the negatives, DDP,
+    the resumed state. Every check that can fail comes before the work it would waste."""
+    # DDP, the nanoGPT way: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; one device a process
+    ddp = "RANK" in os.environ
+    ddp_rank, ddp_local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    cuda = torch.cuda.is_available()
+    if ddp and cuda:
+        torch.cuda.set_device(ddp_local_rank)
+    if ddp:
+        dist.init_process_group("nccl" if cuda else "gloo")  # gloo: processes on CPU cores
+    master_process = ddp_rank == 0  # it logs, evaluates on dev and saves
+    device = torch.device(f"cuda:{ddp_local_rank}" if cuda else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs on the GPU's tensor cores
+    torch.backends.cudnn.allow_tf32 = True
+    dtype = resolve_dtype(run.dtype, device, warn=master_process)  # bf16 where native, else fp32
+    print0 = Printer(master_process)
+    check_devices(run, device, ddp, world_size, print0)
+    out = Path(run.out)
+    state = out / "state.safetensors"
+    resumed = check_output(out, run.resume)  # before anything loads: nothing lost, no work wasted
+    # the settings and precision now, the base weights and data files once read: before minutes
+    if resumed:
+        check_resumable(resumed, {"run": json.dumps(flags.recorded(run)), "dtype": dtype},
+                        state)
+    model, kg, enc, meta, params, opt = build(run, dtype, device)
+    if resumed:  # before the nearest-entity pass (minutes on a big graph)
+        check_resumable(resumed, meta, state)
+    total = flags.total_steps(run, len(kg.train))
+    flags.announce(run, kg, model, f"{dtype} on {device} x {world_size}", print0, PRESETS)
+    finished = bool(resumed) and resumed["step"] >= total  # a finished run resumed: nothing to do
+    near = None
+    if (run.hard_negatives or run.dev_near) and not finished:  # 1 s on umls, 2.5 min WN18RR (CPU)
+        t = time.time()
+        emb = entity_embeddings(model.bert, kg.split_entities, enc, device, dtype)
+        near = nearest_entities(kg, emb, flags.NEAR)
+        print0(f"nearest {flags.NEAR} entities of each entity by the frozen encoder: "
+               f"{time.time() - t:.0f} s")
+    negatives = NegativeSampler(kg, *run.negatives, seed=run.seed, near=near,
+                                hard=run.hard_negatives)
+    ddp_model = model
+    if ddp:  # each process's gradients averaged in backward
+        ddp_model = DDP(model, device_ids=[ddp_local_rank] if cuda else None)
+    history = restore(resumed, state, model, opt, params)
+    log0 = open_log(out, print0) if master_process else print0
+    if run.resume:  # in the log too: a resumed run's log shows where it stopped and continued
+        log0(f"resumed from {state}: epoch {history['epoch']}, step {history['step']}" if resumed
+             else f"--resume: no checkpoint in {out} yet, starting from scratch")
+    return Trainer(run, out, model, ddp_model, compiled(ddp_model, run), opt, params, meta, history,
+                   kg, enc, negatives, near, device, dtype, ddp_rank, world_size, log0), total
+
+
+class Printer:
+    """print0: print for process 0, flushed; silence for the others."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def __call__(self, *args, **kwargs):
+        if self.enabled:
+            print(*args, **kwargs, flush=True)
 
 
 def main(run):
     """Set the run up, train it, say where its checkpoints are; returns the model."""
-    tr, total = setup(run, PRESETS)
+    tr, total = setup(run)
     stopped = not train(tr, total)
     history, out = tr.history, tr.out
     if tr.ddp_rank == 0 and not stopped:
@@ -306,7 +431,8 @@ def main(run):
 
 
 def on_signal(signum, frame):
-    """SIGINT (Ctrl-C) or SIGTERM: the run ends after the step under way."""
+    """SIGINT (Ctrl-C) or SIGTERM: the run ends after the step under way (under torchrun, after the
+    next logged step, where the processes agree)."""
     STOP.append(signal.Signals(signum).name)
 
 

@@ -14,13 +14,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import data  # noqa: E402
-import graphs  # noqa: E402
+from support import graphs  # noqa: E402
 
 
 def tokenizer(model):
     try:
         from bert import load_tokenizer
-        from hub import model_dir
+        from support.hub import model_dir
         return load_tokenizer(model_dir(model))
     except ImportError:
         import importlib.util

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert, data, devices, evaluate, graphs, hub, palt  # noqa: E402
+import bert, data, evaluate, palt  # noqa: E402
+from support import devices, graphs, hub  # noqa: E402
 import transformers  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # MiniLM's missing NSP head is expected here
@@ -114,7 +115,7 @@ def best_effort(hf, enc, lpq, queries, max_seq_length, tokens, block, dtype, dev
         while i < len(order):
             idx = order[i:i + max(1, tokens // int(lengths[order[i]]))]
             b = data.build_batch(enc, triples[idx], (0, 0, 0), max_seq_length)  # padded to its longest row
-            with devices.autocast(dtype, device):
+            with bert.autocast(dtype, device):
                 logits = hf(**{k: b[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}).logits
             scores[torch.from_numpy(idx)] = (logits[:, 0].float() - logits[:, 1].float()).cpu()
             count["padded"] += b["input_ids"].numel()
@@ -186,7 +187,7 @@ def main():
     kg = graphs.load_kg(args.data, args.data_dir)
     enc = data.encode(kg, loaded.tokenizer)
     rng = np.random.default_rng(0)
-    full = data.lp_queries(kg)
+    full = evaluate.lp_queries(kg)
     queries = np.sort(rng.choice(len(full.queries), args.queries, replace=False))
     tri = np.nonzero(np.isin(full.triple_query, queries).any(1))[0]  # the test triples that ask them
     lpq = sub_queries(full, tri, args.cands, rng)

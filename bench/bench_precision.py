@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import checkpoints, data, devices, files, graphs, palt  # noqa: E402
+import bert, data, palt  # noqa: E402
+from support import checkpoints, files, graphs  # noqa: E402
 
 
 def forward(model, batch, dtype):
-    with devices.autocast(dtype, "cpu"):
+    with bert.autocast(dtype, "cpu"):
         return model(**batch)
 
 

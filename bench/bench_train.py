@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bert, data, devices, graphs, hub, palt, train, trainer  # noqa: E402
+import bert, data, palt, train  # noqa: E402
+from support import devices, graphs, hub  # noqa: E402
 
 PROMPTS, NEGATIVES, BATCH, MAX_SEQ = (2, 0, 0), (1, 1, 1), 32, 192
 PALT_CFG = palt.PaltConfig(prompts=PROMPTS)
@@ -46,7 +47,7 @@ def train_step(model, opt, params, kg, enc, neg, idx, prompts, dtype, device):
     triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
     labels = torch.cat([torch.zeros(len(idx)), torch.ones(len(idx) * sum(NEGATIVES))]).long().to(device)
     batch = {k: v.to(device, non_blocking=True) for k, v in data.build_batch(enc, triples, prompts, MAX_SEQ).items()}
-    with devices.autocast(dtype, device):
+    with bert.autocast(dtype, device):
         logits = model(**batch)
     loss = F.cross_entropy(logits.float(), labels)
     loss.backward()
@@ -135,7 +136,7 @@ def bench(name, args, models, device, auto):
 
 
 def recipe_speed(name, recipes, args, device):
-    """Sequences/s of train.py's own step (trainer.build, train.train_step) under each recipe's batch, negatives, prompts
+    """Sequences/s of train.py's own step (train.build, train.train_step) under each recipe's batch, negatives, prompts
     and compile, on --steps steps at the quantiles of padded size, after one untimed pass over them (the compile).
     RECIPE:MODE overrides the compile: eager, compile, or (CUDA only) cudagraphs, train.py's --cudagraphs (torch.compile's
     reduce-overhead mode), which replays the step's kernels as CUDA graphs (one per padded length), not each launched;
@@ -154,7 +155,7 @@ def recipe_speed(name, recipes, args, device):
                                 args.data_dir or os.environ.get("PALT_DATA", "data")] + ["--batch", batch] * bool(batch))
         mode = name_mode[1] if name_mode[1:] else "compile" if run.compile else "eager"
         dtype = devices.resolve_dtype(run.dtype, device)
-        model, kg, enc, _, params, opt = trainer.build(run, dtype, device)
+        model, kg, enc, _, params, opt = train.build(run, dtype, device)
         model.train()
         run.compile, run.cudagraphs = mode != "eager", mode == "cudagraphs"
         forward = devices.compiled(model, run)  # train.py's own: what --compile [--cudagraphs] trains with

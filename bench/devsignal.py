@@ -27,7 +27,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-import bigrank, checkpoints, data, devices, evaluate, files, graphs  # noqa: E402
+import data, evaluate  # noqa: E402
+from support import bigrank, checkpoints, devices, files, graphs  # noqa: E402
+from support.near import entity_embeddings, nearest_entities  # noqa: E402
 from paired import paired as paired_bootstrap  # noqa: E402  (bench/paired.py)
 
 
@@ -51,7 +53,7 @@ def stratified(scorer, kg, tri, seed, near, draws, split="dev", range_draws=0):
     ranges = {(side, r): np.unique(kg.train[kg.train[:, 1] == r, col])  # entities training puts on that side of r
               for side, col in ((0, 0), (1, 2)) for r in np.unique(kg.train[:, 1])} if range_draws else {}
     middle = (lambda side, r: (ranges.get((side, r), np.zeros(0, np.int64)), range_draws)) if range_draws else None
-    ranks, _ = bigrank.stratified_ranks(scorer, data.lp_queries(kg, split), tri, seed, near, draws, middle)
+    ranks, _ = bigrank.stratified_ranks(scorer, evaluate.lp_queries(kg, split), tri, seed, near, draws, middle)
     return float(np.mean(1 / ranks)), float(np.mean(ranks))
 
 
@@ -92,7 +94,7 @@ def main():
             kg = graphs.load_kg(task["data"], args.data_dir, text=meta["text"])
         enc = data.encode(kg, loaded.tokenizer)
         if names != (kg.fingerprint, meta["model"], meta["text"]):  # the frozen encoder: once per data, model, text
-            near = data.nearest_entities(kg, data.entity_embeddings(model.bert, kg.split_entities, enc, device, dtype), max(nears))
+            near = nearest_entities(kg, entity_embeddings(model.bert, kg.split_entities, enc, device, dtype), max(nears))
             names = (kg.fingerprint, meta["model"], meta["text"])
         scorer = evaluate.Scorer(model.eval(), enc, meta["prompts"], meta["max_seq_length"], device, dtype,
                                  compile=args.compile)

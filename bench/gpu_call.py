@@ -44,7 +44,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-import bench_eval, bench_train, bert, data, devices, evaluate, graphs, palt  # noqa: E402
+import bench_eval, bench_train, bert, data, evaluate, palt  # noqa: E402
+from support import devices, graphs  # noqa: E402
 
 STEPS = ("tests", "speed", "throughput", "train", "rank")
 GRAPHS_GAIN = 1.15  # the call's training takes CUDA graphs from this speed-up on (a crash falls back: train_runs)

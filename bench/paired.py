@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import graphs  # noqa: E402
+from support import graphs  # noqa: E402
 
 METRICS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
 

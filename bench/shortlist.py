@@ -35,8 +35,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import checkpoints, data, devices, evalcli, evaluate, files, graphs, predict  # noqa: E402
-from bigrank import select  # noqa: E402
+import data, evaluate  # noqa: E402
+from support import checkpoints, devices, evalcli, files, graphs, predict  # noqa: E402
+from support.bigrank import select  # noqa: E402
 
 TOP = 100  # the exact top 10 and a little more (measure reads the top 10)
 

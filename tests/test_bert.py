@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import hub
+from support import hub
 from bert import CheckpointError, load_tokenizer, load_weights
-from hub import load_bert
+from support.hub import load_bert
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -182,7 +182,7 @@ def test_bad_checkpoints(hf_model, tmp_path):
 
 
 def test_check_cli_reports_heads():
-    r = subprocess.run([sys.executable, str(ROOT / "hub.py"), "--check", "minilm"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "support.hub", "--check", "minilm"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "22,713,986" in r.stdout and "nsp     NEW" in r.stdout and "P(is next" in r.stdout
 

@@ -64,7 +64,12 @@ def script(argv, **env):
         sys.argv, _ = list(argv), os.chdir(ROOT)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                runpy.run_path(str(ROOT / argv[0]), run_name="__main__")
+                if argv[0] == "-m":  # python -m support.hub ARGS
+                    sys.argv = [str(ROOT / argv[1].replace(".", "/")) + ".py", *argv[2:]]
+                    sys.modules.pop(argv[1], None)  # run afresh as __main__, as the command line does
+                    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(str(ROOT / argv[0]), run_name="__main__")
             except SystemExit as e:  # as the interpreter treats it: None -> 0, a message -> printed, exit code 1
                 code = e.code if isinstance(e.code, int) else 0 if e.code is None else (print(e.code, file=sys.stderr) or 1)
             except BaseException:
@@ -362,21 +367,21 @@ CASES = [
       setup=own_graph(train_tsv=b"a\tr\tb\nb\tr\tc\xe9\n")),
     # --------------------------------------------------------------- hub.py: --download, --stats, --check
     C("data-download-unknown", "--download of an unknown dataset",
-      ["hub.py", "--download", "nosuch", "--data-dir", "{tmp}/dl"], ("nosuch", "unknown dataset")),
-    C("data-stats-empty", "--stats on a folder without datasets", ["hub.py", "--stats", "--data-dir", "{empty}",
+      ["-m", "support.hub", "--download", "nosuch", "--data-dir", "{tmp}/dl"], ("nosuch", "unknown dataset")),
+    C("data-stats-empty", "--stats on a folder without datasets", ["-m", "support.hub", "--stats", "--data-dir", "{empty}",
                                                                     "--model", "{bert}"], ("{empty}",)),
-    C("data-stats-bad-file", "--stats over a malformed split", ["hub.py", "--stats", "--data-dir", "{data}",
+    C("data-stats-bad-file", "--stats over a malformed split", ["-m", "support.hub", "--stats", "--data-dir", "{data}",
                                                                  "--model", "{bert}"], ("{data}/umls/train.tsv:3:",),
       setup=data_copy("umls", "train.tsv", line(3, lambda b: b + b"\textra"))),
-    C("bert-check-missing", "a model folder that is not there", ["hub.py", "--check", "{tmp}/nosuchdir"],
+    C("bert-check-missing", "a model folder that is not there", ["-m", "support.hub", "--check", "{tmp}/nosuchdir"],
       ("{tmp}/nosuchdir",)),
-    C("bert-check-no-weights", "a folder without model.safetensors", ["hub.py", "--check", "{noweights}"],
+    C("bert-check-no-weights", "a folder without model.safetensors", ["-m", "support.hub", "--check", "{noweights}"],
       ("{noweights}/model.safetensors",)),
-    C("bert-check-wrong-shape", "a weight of the wrong shape", ["hub.py", "--check", "{wrongshape}"],
+    C("bert-check-wrong-shape", "a weight of the wrong shape", ["-m", "support.hub", "--check", "{wrongshape}"],
       ("{wrongshape}/model.safetensors", "'bert.encoder.layer.1.attention.self.key.weight'", "(32, 31)")),
-    C("bert-check-heads", "hidden_size 32 in 5 attention heads", ["hub.py", "--check", "{badheads}"],
+    C("bert-check-heads", "hidden_size 32 in 5 attention heads", ["-m", "support.hub", "--check", "{badheads}"],
       ("{badheads}/config.json", "num_attention_heads 5")),
-    C("bert-check-bad-json", "a config.json that is not JSON", ["hub.py", "--check", "{badjson}"],
+    C("bert-check-bad-json", "a config.json that is not JSON", ["-m", "support.hub", "--check", "{badjson}"],
       ("{badjson}/config.json",)),
 ]
 

@@ -8,11 +8,12 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-import hub
+from support import graphs, hub
 import data
-import graphs
-from data import NegativeSampler, build_batch, encode, lp_queries, seq_lengths
-from graphs import DataError, load_kg
+from data import NegativeSampler, build_batch, encode, seq_lengths
+from evaluate import lp_queries
+from support.graphs import DataError, load_kg
+from support.near import entity_embeddings, nearest_entities
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -328,8 +329,8 @@ def test_nearest_entities_are_the_brute_force_cosine_neighbours_of_mean_pooled_t
     write_kg(tmp_path, entity2text_txt=ents, train_tsv=train, dev_tsv="e1\tr2\te2\n", test_tsv="e3\tr2\te4\n")
     kg, m = load_kg("umls", tmp_path), bert.load_bert(make_bert_dir(tmp_path / "m", VOCAB[4:]))
     enc = encode(kg, m.tokenizer)
-    emb = data.entity_embeddings(m.model.eval(), kg.split_entities, enc, tokens=40)  # small batches, mixed lengths
-    near = data.nearest_entities(kg, emb, k=4)
+    emb = entity_embeddings(m.model.eval(), kg.split_entities, enc, tokens=40)  # small batches, mixed lengths
+    near = nearest_entities(kg, emb, k=4)
     with torch.no_grad():
         one = lambda e: m.model(torch.tensor([[enc.cls_id, *enc.ent_ids[enc.ent_off[e]:enc.ent_off[e + 1]], enc.sep_id]]),
                                 output_hidden_states=True).hidden_states[-1][0].mean(0)
@@ -422,7 +423,7 @@ def test_offline_download_says_where_to_put_the_files(tmp_path):
     with pytest.raises(hub.DownloadError, match=r"cannot download .* put train.tsv, .* into .*dl/umls/ \(or point --data-dir / PALT_DATA"):
         hub.dataset("umls", tmp_path / "dl", base_url=f"http://127.0.0.1:{closed_port()}")
     env = dict(os.environ, PALT_DATA_URL=f"http://127.0.0.1:{closed_port()}")
-    r = subprocess.run([sys.executable, str(ROOT / "hub.py"), "--download", "umls", "--data-dir", str(tmp_path / "dl")],
+    r = subprocess.run([sys.executable, "-m", "support.hub", "--download", "umls", "--data-dir", str(tmp_path / "dl")], cwd=ROOT,
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "cannot download" in r.stderr
@@ -438,7 +439,7 @@ def test_stats_cli_prints_counts(tmp_path):
     """(Its errors: data-stats-* in test_cli_errors.py's CASES.)"""
     write_kg(tmp_path / "d")
     write_kg(tmp_path / "d", "WN11", TC_FILES)
-    r = subprocess.run([sys.executable, str(ROOT / "hub.py"), "--stats", "--data-dir", str(tmp_path / "d")],
+    r = subprocess.run([sys.executable, "-m", "support.hub", "--stats", "--data-dir", str(tmp_path / "d")], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     umls = next(line for line in r.stdout.splitlines() if line.startswith("umls"))

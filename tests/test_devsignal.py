@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-import bigrank, checkpoints, data, evaluate, graphs, palt
+import data, evaluate, palt
+from support import bigrank, checkpoints, graphs
 from conftest import FnScorer, make_bert_dir, write_tiny_kg
 
 ROOT = Path(__file__).resolve().parents[1]

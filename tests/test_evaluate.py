@@ -6,16 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-import bigrank
-import checkpoints
-import evalcli
+from support import bigrank, checkpoints, devmetric, evalcli, files, graphs, hub, predict
 import data
-import graphs
 import evaluate
-import files
-import hub
 import palt
-import predict
 from evaluate import best_threshold, query_ranks, rank_metrics
 from conftest import FnScorer
 
@@ -120,7 +114,7 @@ def test_filtered_and_raw_ranks_on_a_graph_where_they_differ(lp_root, candidates
     kg = graphs.load_kg("umls", lp_root)
     # a candidate sample (train.py's cheap dev signal on big graphs) holds the answers, not every entity
     sample = np.unique(kg.test[:, [0, 2]]) if candidates == "sample" else None
-    lpq = data.lp_queries(kg, candidates=candidates if sample is None else sample)
+    lpq = evaluate.lp_queries(kg, candidates=candidates if sample is None else sample)
     table = np.random.default_rng(2).integers(0, 4, size=(10, 2, 10)).astype(np.float32)  # score of (h, r, t), ties
     score = lambda t: torch.from_numpy(table[t[:, 0], t[:, 1], t[:, 2]])
     tri = np.arange(len(kg.test))
@@ -149,7 +143,7 @@ def test_the_fast_ranking_equals_the_naive_definition(graph, lp_root):
     """rank_queries (blocks of queries, one mask, one op) against naive_ranks (a loop over each triple and side)."""
     kg = graphs.load_kg("umls", lp_root if graph == "hand-made" else os.environ.get("PALT_DATA") or ROOT.parent /
                       "shared" / "data")
-    lpq = data.lp_queries(kg)
+    lpq = evaluate.lp_queries(kg)
     tri = np.arange(len(kg.test)) if graph == "hand-made" else np.random.default_rng(0).choice(len(kg.test), 25)
     score = FnScorer(lambda t: ((t[:, 0] * 7 + t[:, 1] * 3 + t[:, 2] * 5) % 4).astype(np.float32))  # many ties
     fast = np.concatenate([r for _, r in evaluate.rank_queries(score, lpq, tri, np.unique(lpq.triple_query[tri]), 5)])
@@ -164,7 +158,7 @@ def test_the_stratified_estimate_is_the_exact_rank_when_it_draws_everything_and_
     (rest)/(draws). Drawing all of the rest gives the exact filtered realistic ranks (ties half); drawing 2, their
     mean over seeds; the hard stratum (some entities 'near' each one) never changes what is estimated."""
     kg = graphs.load_kg("umls", lp_root)
-    lpq = data.lp_queries(kg, "test")
+    lpq = evaluate.lp_queries(kg, "test")
     table = np.random.default_rng(2).integers(0, 4, size=(10, 2, 10)).astype(np.float32)  # score of (h, r, t), ties
     score = FnScorer(lambda t: table[t[:, 0], t[:, 1], t[:, 2]])
     tri = np.arange(len(kg.test))
@@ -903,7 +897,7 @@ def test_a_random_scorers_mrr_is_what_random_mrr_says(lp_root):
     """random_mrr's mean and sd against 400 random scorers ranked by rank_queries (filtered: the other known answers
     leave the candidates, so n differs by query)."""
     kg = graphs.load_kg("umls", lp_root)
-    lpq, tri = data.lp_queries(kg), np.arange(len(kg.test))
+    lpq, tri = evaluate.lp_queries(kg), np.arange(len(kg.test))
     queries = np.unique(lpq.triple_query[tri])
     mean, sd = evaluate.random_mrr(lpq, tri)
     assert len(set(np.diff(lpq.filter_ptr)[lpq.triple_query[tri].ravel()])) > 1  # some queries filter more than others
@@ -921,7 +915,7 @@ def test_chance_accuracy_is_a_tuned_threshold_on_scores_that_carry_nothing():
     rng = np.random.default_rng(1)
     labels = rng.random(300) < 0.5
     nothing = [evaluate.best_threshold(rng.random(300), labels)[1] for _ in range(200)]  # fresh random scores
-    mean, sd = evaluate.chance_accuracy(rng.random(300), labels, n=200)
+    mean, sd = devmetric.chance_accuracy(rng.random(300), labels, n=200)
     assert mean == pytest.approx(np.mean(nothing), abs=0.01) and sd == pytest.approx(np.std(nothing), rel=0.25)
     assert mean > 0.5  # a threshold tuned on the same triples beats a coin
     separating = np.where(labels, 1.0, 0.0) + rng.random(300) * 0.1

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import graphs
-from data import lp_queries
-from graphs import DataError, id_like, load_kg
+from support import graphs
+from evaluate import lp_queries
+from support.graphs import DataError, id_like, load_kg
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "tests" / "example_kg"

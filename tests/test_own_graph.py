@@ -4,8 +4,8 @@ import json, os, subprocess, sys
 from pathlib import Path
 import pytest
 
-import graphs
-from checkpoints import read_checkpoint
+from support import graphs
+from support.checkpoints import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "tests" / "example_kg"

@@ -6,7 +6,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import graphs, paired  # noqa: E402
+import paired  # noqa: E402
+from support import graphs  # noqa: E402
 
 
 def state(folder, ranks, **settings):

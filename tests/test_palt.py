@@ -4,7 +4,7 @@ import torch
 
 from bert import Bert, BertConfig, CheckpointError, load_bert
 from conftest import make_bert_dir
-from checkpoints import load_checkpoint, save_checkpoint
+from support.checkpoints import load_checkpoint, save_checkpoint
 from palt import PALT, PaltConfig, param_report
 
 WORDS = [f"w{i}" for i in range(40)]
@@ -123,9 +123,10 @@ def test_every_unreadable_file_says_permission_denied_not_missing(base, tmp_path
     """Every file is opened through files.readable first (safetensors and tokenizers call any failed open "not
     found"): a model file, a data file and a checkpoint without read permission say so in one line. Root reads
     any file, so open() is mocked to refuse one."""
-    import builtins, shutil, evaluate, files
+    import builtins, shutil, evaluate
+    from support import files
     from conftest import write_tiny_kg
-    from graphs import DataError, load_kg
+    from support.graphs import DataError, load_kg
     model = shutil.copytree(base, tmp_path / "m")
     loaded = load_bert(model)
     ckpt = tmp_path / "c.safetensors"
@@ -153,7 +154,7 @@ def test_every_unreadable_file_says_permission_denied_not_missing(base, tmp_path
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU's precision")
 def test_bf16_on_a_cpu_without_native_bf16_warns_in_one_line(monkeypatch, capsys):
-    import devices
+    from support import devices
     monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: False)
     assert devices.init_distributed("bf16")[4] == "bf16"
     [line] = capsys.readouterr().err.splitlines()

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from conftest import make_bert_dir, write_tiny_kg
 
-import checkpoints, data, graphs
+import data
+from support import checkpoints, graphs
 import evaluate
 import palt
 import plot

@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-import bert, devices
+import bert
+from support import devices
 import train
-from devices import autocast, resolve_dtype
+from bert import autocast
+from support.devices import resolve_dtype
 from conftest import make_bert_dir
 from palt import PALT, PaltConfig
 

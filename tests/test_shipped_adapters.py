@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import bert, bigrank, checkpoints, data, devices, evalcli, evaluate, graphs
+import bert, data, evaluate
+from support import bigrank, checkpoints, devices, evalcli, graphs
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTERS = {name: ROOT / "weights" / f"palt-{name}-minilm.safetensors"

@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import checkpoints, data, devices, evaluate, flags, graphs, train, trainer
+import data, evaluate, train
+from support import checkpoints, devices, devmetric, flags, graphs
 from bert import load_bert
 from conftest import make_bert_dir, write_tiny_kg
 
@@ -48,9 +49,9 @@ def test_training_lowers_loss_and_leaves_bert_untouched(setup, tmp_path, capsys,
 
 
 def test_bf16_holds_the_frozen_linears_in_bf16_and_takes_bit_identical_steps(setup, tmp_path):
-    """autocast recasts a frozen weight at every call; trainer.build casts the frozen linear layers once instead."""
+    """autocast recasts a frozen weight at every call; train.build casts the frozen linear layers once instead."""
     run, cpu = train.parse_args(args(setup, tmp_path)), torch.device("cpu")
-    cast, plain = (trainer.build(run, dtype, cpu) for dtype in ("bf16", "fp32"))  # fp32: the weights as loaded
+    cast, plain = (train.build(run, dtype, cpu) for dtype in ("bf16", "fp32"))  # fp32: the weights as loaded
     for (model, *_), dtype in ((cast, torch.bfloat16), (plain, torch.float32)):
         assert {p.dtype for n, p in model.named_parameters() if ".layers." in n and "ln" not in n} == {dtype}
         assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}  # what trains stays fp32
@@ -89,7 +90,7 @@ def test_head_lr_scales_the_new_heads_only_and_weight_decay_skips_biases(setup, 
     for extra, head_scale in (([], 1.0), (["--head-lr", "3e-2"], 10.0)):
         a = args(setup, tmp_path, *extra)
         a[a.index("--model") + 1] = str(headless)
-        model, _, _, _, params, opt = trainer.build(train.parse_args(a), "fp32", torch.device("cpu"))
+        model, _, _, _, params, opt = train.build(train.parse_args(a), "fp32", torch.device("cpu"))
         group = {id(p): g for g in opt.param_groups for p in g["params"]}
         assert sum(len(g["params"]) for g in opt.param_groups) == len(params)
         for n, p in params.items():
@@ -182,7 +183,7 @@ def test_ddp_is_freed_before_its_process_group_is_destroyed(setup, tmp_path, mon
 def test_cudagraphs_are_refused_under_torchrun_before_the_model_loads(setup, tmp_path, monkeypatch):
     """DDP's gradient all-reduce runs inside the backward a CUDA graph would capture: one GPU only."""
     one_rank_group(monkeypatch)
-    monkeypatch.setattr(trainer, "build", lambda *a: pytest.fail("the model loaded"))
+    monkeypatch.setattr(train, "build", lambda *a: pytest.fail("the model loaded"))
     with pytest.raises(SystemExit, match="^error: --cudagraphs trains on one GPU without DDP: leave it out under "
                                          "torchrun$"):
         train.main(train.parse_args(args(setup, tmp_path, "--compile", "--cudagraphs")))
@@ -197,7 +198,7 @@ def test_the_compiled_step_with_cudagraphs_trains_as_the_eager_step(setup, tmp_p
     each three times (on a GPU: the shape's warm-up, its graph's capture, a replay; on a CPU compiled alone)."""
     run = train.parse_args(args(setup, tmp_path, "--compile", "--cudagraphs", "--dtype", "fp32"))
     (eager, kg, enc, _, eager_params, eager_opt), (model, _, _, _, params, opt) = (
-        trainer.build(run, "fp32", device) for _ in range(2))
+        train.build(run, "fp32", device) for _ in range(2))
     # 6 positives + 6 "negatives", then 4 + 4: two shapes (the tiny graph's texts are all alike long)
     batches = [(data.build_batch(enc, kg.train[i:i + 2 * n], run.prompts, run.max_seq_length), n) for i, n in
                ((0, 6), (12, 4))]
@@ -223,7 +224,7 @@ def test_dropout_in_the_compiled_step_draws_its_masks_from_each_steps_seed(setup
                                                                     attention_probs_dropout_prob=0.1)))
     run = train.parse_args(args(setup, tmp_path / "out", "--compile", "--cudagraphs", "--dtype", "fp32", "--model",
                                 str(model_dir)))
-    model, kg, enc, _, params, opt = trainer.build(run, "fp32", device)
+    model, kg, enc, _, params, opt = train.build(run, "fp32", device)
     model.train()
     forward, batch = devices.compiled(model, run), data.build_batch(enc, kg.train[:12], run.prompts, run.max_seq_length)
 
@@ -361,14 +362,14 @@ def test_a_dev_point_within_noise_of_a_random_scorer_says_so(setup, tmp_path):
     """Scores that carry nothing (every triple the same score: each answer ties with every candidate) put the dev MRR
     under a random scorer's; the dev line says so and gives the random scorer's MRR beside it."""
     run, cpu = train.parse_args(args(setup, tmp_path)), torch.device("cpu")
-    model, kg, enc, *_ = trainer.build(run, "fp32", cpu)
+    model, kg, enc, *_ = train.build(run, "fp32", cpu)
     with torch.no_grad():
         model.bert.nsp.weight.zero_()  # the same logits for every input
-    dev, line = train.dev_metric(model.eval(), kg, enc, run, cpu, "fp32")
-    lpq = data.lp_queries(kg, "dev")
+    dev, line = devmetric.dev_metric(model.eval(), kg, enc, run, cpu, "fp32")
+    lpq = evaluate.lp_queries(kg, "dev")
     mean, sd = evaluate.random_mrr(lpq, np.arange(len(kg.dev)))
     assert dev["value"] < mean and dev["random"] == pytest.approx(mean)
     assert line.endswith(f"; within noise of a random scorer (MRR {mean:.4f} +- {2 * sd:.4f} on these triples): "
                          "nothing learned yet, or text that carries nothing (README, Your own graph)")
-    assert train.chance_note(mean + 2.5 * sd, mean, sd, "MRR") == ""  # beyond 2 sd: no note
-    assert train.chance_note(mean + 1.5 * sd, mean, sd, "MRR").startswith("; within noise")
+    assert devmetric.chance_note(mean + 2.5 * sd, mean, sd, "MRR") == ""  # beyond 2 sd: no note
+    assert devmetric.chance_note(mean + 1.5 * sd, mean, sd, "MRR").startswith("; within noise")

@@ -4,7 +4,7 @@ import hashlib, os, tempfile
 from pathlib import Path
 
 # the project: shipped adapters in ROOT/weights, paths in results relative to it
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def readable(path, error=OSError):

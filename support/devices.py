@@ -1,5 +1,5 @@
-"""Where the work runs: the device and its autocast precision, torchrun's processes, and
-torch.compile. Imports nothing of the project."""
+"""Where the work runs: the autocast precision a CPU or GPU gets, evaluate.py's torchrun processes,
+the flags that depend on the device, and torch.compile. Imports nothing of the project."""
 import os
 import shutil
 import sys
@@ -21,36 +21,25 @@ def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
         return False
 
 
-def resolve_dtype(choice, device):
+def resolve_dtype(choice, device, warn=False):
     """'auto' | 'fp32' | 'bf16' -> 'fp32' | 'bf16'; auto = bf16 on CUDA and on CPUs with native
-    bf16, else fp32."""
+    bf16, else fp32. warn: say so on stderr where bf16 is asked of a CPU that only emulates it."""
     if choice not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, not {choice!r}")
+    native = torch.device(device).type == "cuda" or cpu_has_native_bf16()
+    # measured: emulated bf16 is ~100x slower than fp32
+    if choice == "bf16" and not native and warn:
+        print("warning: this CPU has no native bf16 (AVX512_BF16/AMX): --dtype bf16 is emulated "
+              "and far slower than fp32 (--dtype auto picks fp32 here)", file=sys.stderr)
     if choice != "auto":
         return choice
-    if torch.device(device).type == "cuda" or cpu_has_native_bf16():
-        return "bf16"
-    return "fp32"
-
-
-def to_device(t, device):
-    """A CPU tensor on the device; to a GPU through pinned memory, so the copy does not wait for the
-    GPU's queue: the CPU goes on building the next batch while the GPU runs this one."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
-
-
-def autocast(dtype, device):
-    """The autocast context for a resolved dtype; fp32 switches autocast off explicitly (also an
-    outer one)."""
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+    return "bf16" if native else "fp32"
 
 
 def init_distributed(dtype_choice):
-    """(ddp_rank, ddp_local_rank, world_size, device, dtype): a process group under torchrun (nccl
-    on GPU, gloo on CPU), else one process; dtype is the resolved autocast precision."""
+    """evaluate.py's processes (train.py sets its own up in plain sight): (ddp_rank,
+    ddp_local_rank, world_size, device, dtype), a process group under torchrun (nccl on GPU, gloo on
+    CPU), else one process; dtype is the resolved autocast precision."""
     cuda = torch.cuda.is_available()
     ddp_rank, ddp_local_rank, world_size = 0, 0, 1
     if "RANK" in os.environ:
@@ -62,12 +51,23 @@ def init_distributed(dtype_choice):
     device = torch.device(f"cuda:{ddp_local_rank}" if cuda else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs on the GPU's tensor cores
     torch.backends.cudnn.allow_tf32 = True
-    dtype = resolve_dtype(dtype_choice, device)
-    # measured: emulated bf16 is ~100x slower than fp32
-    if dtype == "bf16" and not cuda and not cpu_has_native_bf16() and ddp_rank == 0:
-        print("warning: this CPU has no native bf16 (AVX512_BF16/AMX): --dtype bf16 is emulated "
-              "and far slower than fp32 (--dtype auto picks fp32 here)", file=sys.stderr)
+    dtype = resolve_dtype(dtype_choice, device, warn=ddp_rank == 0)
     return ddp_rank, ddp_local_rank, world_size, device, dtype
+
+
+def check_devices(run, device, ddp, world_size, print0):
+    """train.py's flags that depend on where the run is: before anything loads."""
+    # DDP's gradient all-reduce runs inside the backward a graph captures
+    if run.cudagraphs and ddp:
+        raise SystemExit("error: --cudagraphs trains on one GPU without DDP: leave it out under "
+                         "torchrun")
+    check_compiler(run.compile, device)
+    if run.cudagraphs and device.type != "cuda":
+        print0(f"--cudagraphs: CUDA graphs exist on a GPU only; on {device.type} the step is "
+               "compiled without them")
+    if run.batch % world_size:
+        raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world_size} "
+                         "processes")
 
 
 def check_compiler(compile, device):

@@ -11,13 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-import files
-import graphs
+from support import files, graphs, predict
 import palt
-import predict
-from checkpoints import checkpoint_file, load_checkpoint, read_checkpoint
-from devices import DTYPES
-from flags import check_limits, check_seq_length
+from support.checkpoints import checkpoint_file, load_checkpoint, read_checkpoint
+from support.devices import DTYPES
+from support.flags import check_limits, check_seq_length
 
 # what `python evaluate.py --lp` evaluates
 DEFAULT_DATA = {"lp": "umls", "tc": "wn11", "predict": "umls"}

@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import data, files, graphs
-from bigrank import Progress
+import data
+from support import files, graphs
+from support.bigrank import Progress
+from support.near import entity_embeddings
 
 # candidates scored a query at most, by bench/shortlist.py's table (RESULTS.md); the rounds, the
 # best followed, the best whose sources count; the early stop: the best that must stay the same (a
@@ -153,7 +155,7 @@ class Shortlist:
         emb, s = self.embeddings(), self.scorer
         vec = emb[self.pos[entities[inside]]]
         if not inside.all():
-            new = data.entity_embeddings(s.model.bert, entities[~inside], s.enc, s.device, s.dtype)
+            new = entity_embeddings(s.model.bert, entities[~inside], s.enc, s.device, s.dtype)
             vec = torch.cat([vec, new])
         sim = (emb @ vec.T).max(1).values
         return self.cand[sim.topk(min(self.size, len(sim))).indices.numpy()]
@@ -166,7 +168,7 @@ class Shortlist:
                 self.emb = torch.from_numpy(self.emb).float()
             else:
                 t, s = time.time(), self.scorer
-                emb = data.entity_embeddings(s.model.bert, self.cand, s.enc, s.device, s.dtype)
+                emb = entity_embeddings(s.model.bert, self.cand, s.enc, s.device, s.dtype)
                 self.emb = emb.cpu()
                 save(path, self.emb.half().numpy())
                 self.built.append(("entity embeddings", time.time() - t))

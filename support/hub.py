@@ -2,9 +2,11 @@
 weights/, or $PALT_WEIGHTS) and the benchmarks from KG-BERT's repository (checked against
 data.sha256), and their checks.
 
-    python hub.py --download umls [--data-dir D]  (a benchmark into D, else $PALT_DATA, else ./data)
-    python hub.py --stats [--data-dir D] [--text long]  (every benchmark found, beside the paper's)
-    python hub.py --check bert-base-cased         (a model: what loads, and one NSP probability)
+    python -m support.hub --download umls [--data-dir D]  (a benchmark into D, else $PALT_DATA,
+                                                           else ./data)
+    python -m support.hub --stats [--data-dir D] [--text long]  (every benchmark found, beside
+                                                                 the paper's)
+    python -m support.hub --check bert-base-cased  (a model: what loads, and one NSP probability)
 
 Every file is fetched into a .part file that a rerun resumes, checked for size and sha256, then
 renamed into place. Tests point PALT_HUB_URL / PALT_DATA_URL at a local server. Imports point one
@@ -14,8 +16,9 @@ import argparse, importlib.util, os, re, sys, urllib.error, urllib.request
 from pathlib import Path
 import torch
 
-import bert, data, graphs
-from files import ROOT, sha256_file
+import bert, data
+from support import graphs
+from support.files import ROOT, sha256_file
 
 WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", ROOT / "weights"))  # downloaded base models
 HUB = os.environ.get("PALT_HUB_URL", "https://huggingface.co")

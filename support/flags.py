@@ -1,6 +1,6 @@
 """train.py's command line: `Run` (each setting, its flag, default, help and bounds in one place),
-parse_args (PRESETS fill what is left open, then every flag is checked before anything loads), and
-the checks that train.py and evaluate.py share."""
+parse_args (PRESETS fill what is left open, then every flag is checked before anything loads), the
+checks that train.py and evaluate.py share, and a run's first lines."""
 import argparse
 import math
 import re
@@ -8,9 +8,10 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from graphs import DATASETS, TEXTS, DataError, dataset
-from devices import DTYPES
-from files import project_path
+from palt import param_report
+from support.graphs import DATASETS, TEXTS, DataError, dataset
+from support.devices import DTYPES
+from support.files import project_path
 
 # --hard-negatives draw from each entity's NEAR nearest entities; --dev-near takes the first
 NEAR = 32
@@ -209,3 +210,40 @@ def check_seq_length(max_seq_length, n_prompts, positions=None, model=None):
     if positions is not None and max_seq_length > positions:
         raise SystemExit(f"error: --max-seq-length {max_seq_length} (prompts included) exceeds the "
                          f"{positions} positions of {model}")
+
+
+def check_model(run, model, loaded):
+    """What only the loaded model tells: its positions hold --max-seq-length, something trains."""
+    positions = loaded.config.max_position_embeddings
+    check_seq_length(run.max_seq_length, sum(run.prompts), positions, loaded.path.name)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise SystemExit("error: nothing to train (zero-shot needs no training: use evaluate.py "
+                         "--model)")
+
+
+def total_steps(run, n_train):
+    """The steps the run takes: --epochs of n_train // --batch steps, or --max-steps if fewer."""
+    steps_per_epoch = n_train // run.batch
+    if steps_per_epoch == 0:
+        raise SystemExit(f"error: --batch {run.batch} is larger than the {n_train} train "
+                         "triples")
+    return min(run.epochs * steps_per_epoch, run.max_steps or run.epochs * steps_per_epoch)
+
+
+def announce(run, kg, model, where, print0, presets):
+    """The run's first lines: the graph, the model's tunable parameters, where it trains; for a
+    graph of one's own the settings it got; what the graph lacks."""
+    r = param_report(model)
+    print0(f"{kg.name}: {len(kg.train):,} train triples, {len(kg.entities):,} entities, text "
+           f"{kg.text_file} | {Path(run.model).name}: tunable {r['tunable']:,} of {r['total']:,} "
+           f"({r['percent']:.2f}%) {r['parts']} | {where}")
+    if run.data not in DATASETS:
+        own = ", ".join(f"{k} {getattr(run, k)}" for k in presets[run.recipe]["own"])
+        print0(f"settings for a graph of one's own (PRESETS['{run.recipe}']['own'], flags win): "
+               + own)
+    notes = list(kg.notes)
+    if len(kg.dev) == 0:
+        notes.append(f"{kg.folder}: no {kg.split_files['dev'].name}, so no dev points and no "
+                     "best.safetensors; ckpt.safetensors is the last epoch")
+    for note in notes:
+        print0(note)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from files import read_text, readable
+from data import DataError, in_sorted, triple_keys
+from support.files import read_text, readable
 
 OWN_TEXTS = {"name": "entity2text.txt", "long": "entity2textlong.txt",
              "description": "entity2description.txt"}
@@ -28,10 +29,6 @@ TEXTS = ("name", "long", "description")
 # a graph of one's own: each split's names (dev and valid are one split), each .tsv or .txt
 SPLITS = {"train": ("train",), "dev": ("dev", "valid"), "test": ("test",)}
 SUFFIXES = (".tsv", ".txt")
-
-
-class DataError(ValueError):
-    """Bad or missing data; the message is one line, 'path:line: what is wrong'."""
 
 
 def data_root(arg=None):
@@ -225,20 +222,10 @@ class KG:
     # (dev.tsv, or valid.txt beside train.txt): what messages about a split name
     split_files: dict
 
-    def key(self, triples):
-        """One int64 per triple, (h*R + r)*E + t: sorted keys make set lookups vectorised."""
-        t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
-        return (t[:, 0] * len(self.relations) + t[:, 1]) * len(self.entities) + t[:, 2]
-
     def is_known(self, triples):
         """True where a triple is a fact of train, dev or test: the filter of the evaluation's
         ranks."""
-        return in_sorted(self.known, self.key(triples))
-
-
-def in_sorted(keys, k):
-    """True where k is in the sorted array `keys`."""
-    return keys[np.minimum(np.searchsorted(keys, k), len(keys) - 1)] == k
+        return in_sorted(self.known, triple_keys(self, triples))
 
 
 def load_kg(spec, data_dir=None, text="name"):
@@ -249,8 +236,8 @@ def load_kg(spec, data_dir=None, text="name"):
         raise ValueError(f"text must be one of {TEXTS}, not {text!r}")
     own_graph = str(spec).lower() not in DATASETS
     if not folder.is_dir():
-        raise DataError(f"{folder}: no such dataset folder (python hub.py --download {name}, "
-                        "or set --data-dir / PALT_DATA)")
+        raise DataError(f"{folder}: no such dataset folder (python -m support.hub --download "
+                        f"{name}, or set --data-dir / PALT_DATA)")
     file = (OWN_TEXTS if own_graph else DATASETS[name][2]).get(text)
     digest = hashlib.sha256()
     rel_file = "relation2text.txt"
@@ -299,5 +286,5 @@ def load_kg(spec, data_dir=None, text="name"):
     # dev/test negatives of triple classification (label -1) are not facts
     true = [train, dev if dev_labels is None else dev[dev_labels]]
     true.append(test if test_labels is None else test[test_labels])
-    kg.known = np.unique(kg.key(np.concatenate(true)))
+    kg.known = np.unique(triple_keys(kg, np.concatenate(true)))
     return kg

@@ -9,8 +9,8 @@ from safetensors import safe_open
 from safetensors.torch import save
 
 from bert import CheckpointError
-from files import check_writable, in_project, readable, write_atomic
-from hub import load_bert
+from support.files import check_writable, in_project, readable, write_atomic
+from support.hub import load_bert
 from palt import PALT, PaltConfig
 
 # settings that may change when a run resumes: where it writes and what it reports, not what it

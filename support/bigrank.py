@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import files
+from support import files
 
 NO_ROWS = np.zeros((0, 6), np.int64)  # no ranks yet: rows are (test triple, side, four ranks)
 
