@@ -1,7 +1,6 @@
 """A minimal BERT in pure PyTorch (post-LN, exact erf GELU, F.scaled_dot_product_attention, pooler
 and NSP head) that loads the original Hugging Face weights. The first smoke test for a model:
 `python -m support.hub --check NAME_OR_PATH`."""
-import json
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -10,25 +9,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer
 
 from support.files import readable, sha256_file
-
-
-class CheckpointError(ValueError):
-    """A model file that cannot be used; the message is one line naming the file (and key)."""
-
-
-def read_json(path):
-    """The JSON object in a file, or CheckpointError in one line."""
-    raw = Path(readable(path, CheckpointError)).read_bytes()
-    try:
-        d = json.loads(raw)
-    except ValueError as e:  # not UTF-8, not JSON
-        raise CheckpointError(f"{path}: not a readable JSON file ({e})") from None
-    if not isinstance(d, dict):
-        raise CheckpointError(f"{path}: not a JSON object")
-    return d
+from support.hf import CheckpointError, load_tokenizer, read_json
 
 
 @dataclass(frozen=True)
@@ -165,8 +149,7 @@ class Bert(nn.Module):
         return BertOutput(nsp_logits, pooled, tuple(hidden) if output_hidden_states else None)
 
 
-# ----------------------------------------------------------------------------- loading Hugging
-# Face's
+# ------------------------------------------------------------------- loading Hugging Face's weights
 # Hugging Face name (an optional "bert." prefix dropped, legacy gamma/beta renamed) -> ours
 LAYER = r"encoder\.layer\.(\d+)\."
 NAME_TABLE = [
@@ -219,20 +202,21 @@ def read_tensors(path):
 
 
 def load_weights(model_dir):
-    """(Bert in fp32, new_heads): strictly from model.safetensors, shape by shape; heads it lacks
-    are new_heads."""
+    """(Bert in fp32, heads_to_train): strictly from model.safetensors, shape by shape. Without an
+    NSP head, heads_to_train is ("pooler", "nsp"): the NSP head starts random, the pooler from the
+    checkpoint where it has one (MiniLM does), else random; PALT trains both."""
     path = Path(model_dir) / "model.safetensors"
     tensors, names = read_tensors(path)
     config = BertConfig.from_json(Path(model_dir) / "config.json")
     with torch.device("meta"):
         model = Bert(config)
-    # The pooler was trained with the NSP head; without that head (sentence-embedding models) it is
-    # new too.
-    new_heads = () if "nsp.weight" in tensors else ("pooler", "nsp")
+    # BERT's pooler was pretrained with its NSP head; without that head (sentence-embedding models)
+    # it has to learn NSP too.
+    heads_to_train = () if "nsp.weight" in tensors else ("pooler", "nsp")
     for name, p in model.state_dict().items():
-        if name not in tensors and name.split(".")[0] in new_heads and name.endswith("bias"):
+        if name not in tensors and name.split(".")[0] in heads_to_train and name.endswith("bias"):
             tensors[name] = torch.zeros(p.shape)  # BERT's initialisation
-        elif name not in tensors and name.split(".")[0] in new_heads:
+        elif name not in tensors and name.split(".")[0] in heads_to_train:
             tensors[name] = torch.randn(p.shape) * config.initializer_range
         elif name not in tensors:
             raise CheckpointError(f"{path}: missing key for {name}")
@@ -241,34 +225,7 @@ def load_weights(model_dir):
             raise CheckpointError(f"{path}: key {names[name]!r} has shape {shape}, "
                                   f"the config asks for {tuple(p.shape)}")
     model.load_state_dict(tensors, strict=True, assign=True)
-    return model, new_heads
-
-
-def load_tokenizer(model_dir):
-    """WordPiece tokenizer from tokenizer.json or vocab.txt, lower-casing/accents as the checkpoint
-    was trained."""
-    d = Path(model_dir)
-    if (d / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(readable(d / "tokenizer.json", CheckpointError))
-    elif (d / "vocab.txt").is_file():
-        conf = {}
-        if (d / "tokenizer_config.json").is_file():
-            conf = read_json(d / "tokenizer_config.json")
-        vocab = readable(d / "vocab.txt", CheckpointError)
-        tok = Tokenizer(models.WordPiece.from_file(vocab, unk_token="[UNK]"))
-        # Without a tokenizer config, an uncased model is recognised by its name (HF's own
-        # convention);
-        # strip_accents=None means "strip when lower-casing", as in BERT's original BasicTokenizer.
-        lowercase = conf.get("do_lower_case", "uncased" in d.name.lower())
-        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase,
-                                                    strip_accents=conf.get("strip_accents"))
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    else:
-        raise CheckpointError(f"{d}: neither tokenizer.json nor vocab.txt")
-    # shipped tokenizer.json files may pad/truncate to a fixed length; we do our own
-    tok.no_padding()
-    tok.no_truncation()
-    return tok
+    return model, heads_to_train
 
 
 @dataclass
@@ -277,8 +234,8 @@ class LoadedBert:
     config: BertConfig
     tokenizer: Tokenizer
     path: Path
-    # heads the checkpoint lacked, freshly initialised (PALT trains and counts them)
-    new_heads: tuple
+    # () or ("pooler", "nsp"): the heads without NSP pretraining (PALT trains and counts them)
+    heads_to_train: tuple
     weights_sha256: str
 
 
@@ -287,6 +244,6 @@ def load_bert(model_dir):
     path = Path(model_dir)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such model folder")
-    model, new_heads = load_weights(path)
+    model, heads_to_train = load_weights(path)
     sha = sha256_file(path / "model.safetensors")
-    return LoadedBert(model, model.config, load_tokenizer(path), path, new_heads, sha)
+    return LoadedBert(model, model.config, load_tokenizer(path), path, heads_to_train, sha)

@@ -1,5 +1,5 @@
 """A knowledge graph (support/graphs.py) -> BERT sentence pairs with PALT's prompt slots, and the
-training negatives with their train-only filter."""
+training negatives, redrawn where they are train triples."""
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,9 +142,10 @@ class NegativeSampler:
     """Per train positive: n_head, n_rel, n_tail corruptions of that part that are no train triples,
     then n_self (0-2) self-negatives (SimKGC's) (h, r, h), (t, r, t): a text followed by itself
     reads as a perfect continuation, else the query entity outranks the answers. hard: the share of
-    entity corruptions drawn from the replaced one's `near`. The filter is the train triples only,
-    as in KG-BERT: dev and test facts never shape training, so a corruption that happens to be a
-    test fact is a negative like any other."""
+    entity corruptions drawn from the replaced one's `near`. Only a train triple is redrawn, as in
+    KG-BERT: dev and test facts never shape training, so a corruption that happens to be a test
+    fact is a negative like any other. (The evaluation's filter, kg.known, is every split's facts.)
+    """
 
     def __init__(self, kg, n_head=1, n_rel=1, n_tail=1, n_self=0, seed=0, rounds=30, near=None,
                  hard=0.0):

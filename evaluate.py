@@ -35,12 +35,11 @@ MIN_ROWS = 32  # a batch's fewest rows where lengths differ (Scorer)
 TRIPLE, SIDE, FILTERED_OPTIMISTIC, FILTERED_PESSIMISTIC, RAW_OPTIMISTIC, RAW_PESSIMISTIC = range(6)
 
 
-# ----------------------------------------------------------------------------- ranks, metrics,
-# thresholds
+# -------------------------------------------------------------------- ranks, metrics, thresholds
 def query_ranks(scores, row, target, known=None):
     """Optimistic (1 + #better) and pessimistic (#better or tied, the target included) rank (n,) of
-    candidate target[i] in the score row scores[row[i]] (K, C): n test triples of K queries in one
-    op. known (K, C) bool marks each query's known answers, left out of the ranking (filtered)
+    candidate target[i] in the score row scores[row[i]] (Q, C): n test triples of Q queries in one
+    op. known (Q, C) bool marks each query's known answers, left out of the ranking (filtered)
     except the target itself; None: raw ranks."""
     s = scores[row]  # (n, C)
     i = torch.arange(len(row), device=s.device)
@@ -160,8 +159,8 @@ class Scorer:
         40; the next batch starts at 38 and takes 431 rows (16384 // 38)."""
         w = int(descending[i])
         same = int(np.searchsorted(-descending, -w, side="right"))  # the end of length w
-        near = int(np.searchsorted(-descending, w // 16 - w, side="right"))  # of w - w // 16 up
-        end = same if (same - i) * w >= self.tokens // 2 else max(near, i + MIN_ROWS)
+        close = int(np.searchsorted(-descending, w // 16 - w, side="right"))  # of w - w // 16 up
+        end = same if (same - i) * w >= self.tokens // 2 else max(close, i + MIN_ROWS)
         return min(i + max(1, self.tokens // w), end)
 
     @torch.inference_mode()
@@ -339,37 +338,36 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
     return metrics | {"candidates": len(lpq.candidates), "random_mrr": random_mrr(lpq, tri)}
 
 
-def link_prediction(run, scorer, kg, info, state_dir, ddp_rank, world_size):
+def link_prediction(args, scorer, kg, info, state_dir, ddp_rank, world_size):
     """Filtered ranks of every (or --limit seeded random) test triple, as head and as tail, sharded
     over the ranks and resumable (bigrank.ranked_rows), and their metrics."""
-    lpq = lp_queries(kg, run.split, run.candidates)
-    rank = functools.partial(rank_queries, scorer, lpq, np.arange(len(lpq.target)))
-    ranks, tri, counts, state = bigrank.ranked_rows(run, lpq, kg, info, state_dir, rank, scorer,
-                                                    ddp_rank, world_size)
+    lpq = lp_queries(kg, args.split, args.candidates)
+    rank_block = functools.partial(rank_queries, scorer, lpq, np.arange(len(lpq.target)))
+    ranks, tri, counts, state = bigrank.ranked_rows(args, lpq, kg, info, state_dir, rank_block,
+                                                    scorer, ddp_rank, world_size)
     T, estimate = len(lpq.target), len(tri) < len(lpq.target)
-    interval = bootstrap_interval(ranks, seed=run.seed) if estimate else None
+    interval = bootstrap_interval(ranks, seed=args.seed) if estimate else None
     metrics = lp_metrics(ranks) | {"interval95": interval}
-    note = f"all {T} {run.split} triples"
+    note = f"all {T} {args.split} triples"
     if estimate:
-        note = f"estimate ({len(tri)} of {T} {run.split} triples)"
-    result = dict(task="lp", split=run.split, estimate=estimate, counts=counts, metrics=metrics,
+        note = f"estimate ({len(tri)} of {T} {args.split} triples)"
+    result = dict(task="lp", split=args.split, estimate=estimate, counts=counts, metrics=metrics,
                   note=note)
     return result, state
 
 
-# ----------------------------------------------------------------------------- triple
-# classification
-def triple_classification(run, scorer, kg, ddp_rank, world_size):
+# --------------------------------------------------------------------- triple classification
+def triple_classification(args, scorer, kg, ddp_rank, world_size):
     """Accuracy at a threshold tuned on dev (--per-relation: one per relation, else the global one);
     test errors by relation."""
     n = len(kg.dev[ddp_rank::world_size]) + len(kg.test[ddp_rank::world_size])
     progress = bigrank.Progress(n, "triples", enabled=ddp_rank == 0)
-    s = {split: bigrank.score_all(scorer, getattr(kg, split), run.block_rows, ddp_rank, world_size,
+    s = {split: bigrank.score_all(scorer, getattr(kg, split), args.block_rows, ddp_rank, world_size,
                                   progress) for split in ("dev", "test")}
     progress.update(0, force=True)
     theta, _ = best_threshold(s["dev"], kg.dev_labels)
     by_relation = {}
-    for r in np.unique(kg.dev[:, 1]) if run.per_relation else ():
+    for r in np.unique(kg.dev[:, 1]) if args.per_relation else ():
         at_r = kg.dev[:, 1] == r
         by_relation[r] = best_threshold(s["dev"][at_r], kg.dev_labels[at_r])[0]
     thresholds = np.full(len(kg.relations), theta)  # the global one where a relation has no dev
@@ -384,14 +382,14 @@ def triple_classification(run, scorer, kg, ddp_rank, world_size):
     relation_thresholds = {kg.relations[r]: evalcli.jsonable(t) for r, t in by_relation.items()}
     metrics = dict(dev_accuracy=float(right["dev"].mean()),
                    test_accuracy=float(right["test"].mean()),
-                   threshold=evalcli.jsonable(theta), per_relation_thresholds=run.per_relation,
+                   threshold=evalcli.jsonable(theta), per_relation_thresholds=args.per_relation,
                    relation_thresholds=relation_thresholds or None, test_error_by_relation=table)
     counts = dict(dev=len(kg.dev), test=len(kg.test))
     return dict(task="tc", estimate=False, counts=counts, metrics=metrics), None
 
 
 # ----------------------------------------------------------------------------- from Python
-class Model:
+class Predictor:
     """A trained PALT and its graph, from Python (see load): score triples, predict completions,
     rank a split. Entities and relations are named by id or text, as --predict finds them."""
 
@@ -430,32 +428,36 @@ class Model:
     def rank(self, split="test", limit=None, seed=0):
         """Filtered realistic MR, MRR and Hits@k of a split's triples (or a seeded `limit` of
         them, the subset evaluate.py --lp --limit ranks), each ranked as head and as tail against
-        the entities of every split."""
-        if not len(getattr(self.kg, split)):
+        the entities of every split. split: train, test, and dev or valid (one split)."""
+        name = {"valid": "dev"}.get(split, split)
+        if name not in ("train", "dev", "test"):
+            have = [f.stem for s, f in self.kg.split_files.items() if len(getattr(self.kg, s))]
+            raise ValueError(f"split {split!r}: {self.kg.folder} has {', '.join(have)}")
+        if not len(getattr(self.kg, name)):
             raise ValueError(f"{self.kg.folder}: no {split} triples to rank")
-        return rank_split(self.scorer, self.kg, split, limit, seed)
+        return rank_split(self.scorer, self.kg, name, limit, seed)
 
 
-def open_model(run, kg, device, dtype):
-    """The Model a checked command line names (evalcli.check_before_loading), on the device."""
-    model, tokenizer, info = evalcli.load_model(run, device)
+def open_predictor(args, kg, device, dtype):
+    """The Predictor a checked command line names (evalcli.check_before_loading), on the device."""
+    model, tokenizer, info = evalcli.load_model(args, device)
     check_seq_length(info["max_seq_length"], sum(info["prompts"]),
                      model.bert.config.max_position_embeddings, info["model"])
     scorer = Scorer(model, encode(kg, tokenizer), info["prompts"], info["max_seq_length"],
-                    device, dtype, run.tokens, run.compile)
-    return Model(scorer, kg, tokenizer, info)
+                    device, dtype, args.tokens, args.compile)
+    return Predictor(scorer, kg, tokenizer, info)
 
 
 def load(ckpt, data=None, data_dir=None, device=None, dtype="auto"):
-    """A Model from a checkpoint file or train.py run folder; its graph and entity text are the
+    """A Predictor from a checkpoint file or train.py run folder; its graph and entity text are the
     checkpoint's (data, data_dir: where that graph is, if not where it was). The command line's
     checks, as ValueError."""
-    run = evalcli.parser(__doc__).parse_args(["--predict"])  # evaluate.py's defaults, no output
-    run.ckpt, run.data, run.data_dir, run.dtype = str(ckpt), data, data_dir, dtype
+    args = evalcli.parser(__doc__).parse_args(["--predict"])  # evaluate.py's defaults, no output
+    args.ckpt, args.data, args.data_dir, args.dtype = str(ckpt), data, data_dir, dtype
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
-        _, kg, _, _ = evalcli.check_before_loading(run, shipped=False)
-        return open_model(run, kg, device, resolve_dtype(dtype, device))
+        _, kg, _, _ = evalcli.check_before_loading(args, shipped=False)
+        return open_predictor(args, kg, device, resolve_dtype(dtype, device))
     except (graphs.DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise ValueError(str(e)) from None
     except SystemExit as e:
@@ -466,25 +468,25 @@ def load(ckpt, data=None, data_dir=None, device=None, dtype="auto"):
 def main(argv=None):
     """python evaluate.py: check everything the command line names, load, score, report."""
     t0 = time.time()
-    run = evalcli.parse_args(argv, __doc__)
-    shipped = run.ckpt is None and run.model is None
+    args = evalcli.parse_args(argv, __doc__)
+    shipped = args.ckpt is None and args.model is None
     try:
-        meta, kg, out, state_dir = evalcli.check_before_loading(run, shipped)
-        ddp_rank, _, world_size, device, dtype = init_distributed(run.dtype)
-        check_compiler(run.compile, device)
-        model = open_model(run, kg, device, dtype)
-        scorer = model.scorer
-        if run.task == "predict":
+        meta, kg, out, state_dir = evalcli.check_before_loading(args, shipped)
+        ddp_rank, _, world_size, device, dtype = init_distributed(args.dtype)
+        check_compiler(args.compile, device)
+        predictor = open_predictor(args, kg, device, dtype)
+        scorer = predictor.scorer
+        if args.task == "predict":
             if ddp_rank == 0:
-                predict.predict(run, scorer, kg, model.tokenizer, model.info)
+                predict.predict(args, scorer, kg, predictor.tokenizer, predictor.info)
             return
-        if run.task == "lp":
-            result, state = link_prediction(run, scorer, kg, model.info, state_dir, ddp_rank,
+        if args.task == "lp":
+            result, state = link_prediction(args, scorer, kg, predictor.info, state_dir, ddp_rank,
                                             world_size)
         else:
-            result, state = triple_classification(run, scorer, kg, ddp_rank, world_size)
+            result, state = triple_classification(args, scorer, kg, ddp_rank, world_size)
         if ddp_rank == 0:
-            evalcli.report(run, argv, result, state, scorer, kg, model.info, meta, out, t0,
+            evalcli.report(args, argv, result, state, scorer, kg, predictor.info, meta, out, t0,
                            world_size)
     except (graphs.DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise SystemExit(f"error: {e}") from None

@@ -1,11 +1,11 @@
-"""PALT: a frozen BERT scores triples through its NSP head, with a few trainable parts (Shen et al.,
-2022).
+"""PALT (Shen et al., 2022): a frozen BERT scores triples through its NSP head, with a few
+trainable parts.
 
   prompts   P: b + m + e virtual tokens in the sentence pair   [CLS] P*b h r P*m [SEP] t P*e [SEP]
   Eq. 1     e' = W_p e + b_p + e   the knowledge prompt encoder: re-parametrises the input token
             embeddings, here every one of the sequence (prompt vectors and text tokens alike)
-  Eq. 2     h' = W_c h + b_c + h   knowledge calibration, after the attention sublayer of chosen
-            layers
+  Eq. 2     h' = W_c h + b_c + h   knowledge calibration, after the attention sublayer of the
+            chosen layers
 W_p and W_c start at zero, so an untrained PALT without prompts computes exactly what BERT computes.
 """
 from dataclasses import dataclass
@@ -47,7 +47,7 @@ def zero_linear(d):
 
 
 class PALT(nn.Module):
-    def __init__(self, bert, cfg: PaltConfig, new_heads=()):
+    def __init__(self, bert, cfg: PaltConfig, heads_to_train=()):
         super().__init__()
         H, n_layers = bert.config.hidden_size, bert.config.num_hidden_layers
         palt_parts = sum(cfg.prompts) or cfg.calib_layers or cfg.prompt_encoder or cfg.prompt_mlp
@@ -59,7 +59,8 @@ class PALT(nn.Module):
             calib = (n_layers // 2, n_layers - 1)
         if any(not 0 <= i < n_layers for i in calib):
             raise ConfigError(f"calibration layers {calib} outside 0..{n_layers - 1}")
-        self.bert, self.cfg, self.calib_layers, self.new_heads = bert, cfg, calib, tuple(new_heads)
+        self.bert, self.cfg, self.calib_layers = bert, cfg, calib
+        self.heads_to_train = tuple(heads_to_train)
         n_prompts = sum(cfg.prompts)
         self.prompts = None
         self.prompt_mlp = None
@@ -69,11 +70,10 @@ class PALT(nn.Module):
             self.prompt_mlp = nn.Sequential(nn.Linear(H, H), nn.ReLU(), nn.Linear(H, H))
         self.W_p = zero_linear(H) if cfg.prompt_encoder else None
         self.calib = nn.ModuleDict({str(i): zero_linear(H) for i in calib})
-        # Freeze every pretrained tensor; a head the checkpoint lacked (MiniLM's pooler and NSP
-        # head)
-        # must train.
+        # Freeze every pretrained tensor but the heads without NSP pretraining (MiniLM's pooler and
+        # NSP head), which must train.
         for name, p in bert.named_parameters():
-            p.requires_grad = cfg.finetune or name.split(".")[0] in self.new_heads
+            p.requires_grad = cfg.finetune or name.split(".")[0] in self.heads_to_train
 
     def forward(self, input_ids, token_type_ids, attention_mask, prompt_index):
         bert = self.bert
@@ -82,8 +82,7 @@ class PALT(nn.Module):
             P = self.prompts  # (n_prompts, H)
             if self.prompt_mlp is not None:
                 P = self.prompt_mlp(P)
-            # the prompt slots (prompt_index k >= 0) take the k-th prompt vector: one vectorised
-            # select
+            # the prompt slots (prompt_index k >= 0) take the k-th prompt vector: one select
             x = torch.where(prompt_index[..., None] >= 0, P[prompt_index.clamp(min=0)], x)
         if self.W_p is not None:
             x = x + self.W_p(x)  # Eq. 1, on every input embedding: prompts and text tokens
@@ -122,4 +121,4 @@ def param_report(model):
 def build_palt(model_name_or_path, cfg: PaltConfig):
     """(PALT on a freshly loaded base model, the LoadedBert)."""
     loaded = load_bert(model_name_or_path)
-    return PALT(loaded.model, cfg, loaded.new_heads), loaded
+    return PALT(loaded.model, cfg, loaded.heads_to_train), loaded

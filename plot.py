@@ -116,29 +116,29 @@ def compare_spec(spec):
     return None, spec
 
 
-def check_source(run):
+def check_source(args):
     """(checkpoint metadata or None, graph): evaluate.py's checks before any model loads, so that
     a mistake costs seconds."""
-    meta, kg, _, _ = evalcli.check_before_loading(run, run.ckpt is None and run.model is None)
+    meta, kg, _, _ = evalcli.check_before_loading(args, args.ckpt is None and args.model is None)
     return meta, kg
 
 
-def load_source(run, meta, kg):
-    """The Source of a checked run: a checkpoint as evaluate.py loads it, or a base model
+def load_source(args, meta, kg):
+    """The Source of checked arguments: a checkpoint as evaluate.py loads it, or a base model
     zero-shot. A base model without an NSP head (minilm) gets BERT's random initialisation of it,
     seeded: its attention is the plain encoder's, its score means nothing, and its note says so."""
-    if run.model is None:
-        model, tokenizer, info = evalcli.load_model(run, "cpu")
-        label = f"{files.project_path(run.ckpt)} (PALT, trained on {meta['data']})"
-        return Source(Path(run.ckpt).stem, label, model, kg, tokenizer, tuple(info["prompts"]),
+    if args.model is None:
+        model, tokenizer, info = evalcli.load_model(args, "cpu")
+        label = f"{files.project_path(args.ckpt)} (PALT, trained on {meta['data']})"
+        return Source(Path(args.ckpt).stem, label, model, kg, tokenizer, tuple(info["prompts"]),
                       info["max_seq_length"])
     torch.manual_seed(0)
     cfg = palt.PaltConfig(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False)  # plain BERT
-    model, loaded = palt.build_palt(run.model, cfg)
+    model, loaded = palt.build_palt(args.model, cfg)
     note = "zero-shot NSP"
-    if loaded.new_heads:
+    if loaded.heads_to_train:
         note = "no NSP head: a random one, so its score means nothing"
-    return Source(f"{run.model} (plain)", f"{run.model} (plain, no PALT)", model.eval(), kg,
+    return Source(f"{args.model} (plain)", f"{args.model} (plain, no PALT)", model.eval(), kg,
                   loaded.tokenizer, (0, 0, 0), 192, note)
 
 

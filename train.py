@@ -87,15 +87,15 @@ def learning_rate(step_index, peak, warm, total):
 
 def adamw(model, params, run, device):
     """AdamW (betas 0.9, 0.999) with weight decay on matrices only (not biases and LayerNorm), and
-    the heads the checkpoint lacked at their own lr (--head-lr): each group's lr_scale times the
+    the heads without NSP pretraining at their own lr (--head-lr): each group's lr_scale times the
     step's lr."""
-    groups = {}  # (decays, is a new head) -> parameters
-    new_heads = [["bert", name] for name in model.new_heads]
+    groups = {}  # (decays, is a head to train) -> parameters
+    heads_to_train = [["bert", name] for name in model.heads_to_train]
     for n, p in params.items():
-        groups.setdefault((p.ndim >= 2, n.split(".")[:2] in new_heads), []).append(p)
+        groups.setdefault((p.ndim >= 2, n.split(".")[:2] in heads_to_train), []).append(p)
     param_groups = []
-    for (decays, is_new_head), ps in groups.items():
-        scale = (run.head_lr or run.lr) / run.lr if is_new_head else 1.0
+    for (decays, is_head), ps in groups.items():
+        scale = (run.head_lr or run.lr) / run.lr if is_head else 1.0
         param_groups.append({"params": ps, "weight_decay": run.weight_decay if decays else 0.0,
                              "lr_scale": scale})
     return torch.optim.AdamW(param_groups, lr=run.lr, betas=(0.9, 0.999), eps=1e-8,
@@ -313,7 +313,7 @@ class Trainer:
 
 
 def build(run, dtype, device):
-    """The PALT model (new heads seeded alike on every process), graph, token ids, metadata,
+    """The PALT model (a random NSP head seeded alike on every process), graph, token ids, metadata,
     trainable params, AdamW."""
     kg = load_kg(run.data, run.data_dir, run.text)  # before the model: a data error costs seconds
     torch.manual_seed(run.seed)

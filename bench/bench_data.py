@@ -19,7 +19,7 @@ from support import graphs  # noqa: E402
 
 def tokenizer(model):
     try:
-        from bert import load_tokenizer
+        from support.hf import load_tokenizer
         from support.hub import model_dir
         return load_tokenizer(model_dir(model))
     except ImportError:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bert, data, palt, train  # noqa: E402
-from support import devices, graphs, hub  # noqa: E402
+from support import devices, graphs, hf, hub  # noqa: E402
 
 PROMPTS, NEGATIVES, BATCH, MAX_SEQ = (2, 0, 0), (1, 1, 1), 32, 192
 PALT_CFG = palt.PaltConfig(prompts=PROMPTS)
@@ -70,7 +70,7 @@ def representative(order, keys, n):
 def padding(names, data_dir):
     """Padded / real tokens of one epoch's training steps (README recipe), plain shuffle vs length-bucketed order;
     numpy only, no model runs (so fb13 too)."""
-    tok = bert.load_tokenizer(hub.model_dir("minilm"))
+    tok = hf.load_tokenizer(hub.model_dir("minilm"))
     print(f"{'':6} {'real tok/seq':>12} {'shuffled: padded/seq':>21} {'padded/real':>11} {'bucketed: padded/seq':>21} "
           f"{'padded/real':>11}")
     for name in names:

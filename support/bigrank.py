@@ -2,8 +2,11 @@
 — ranks kept on disk so a stopped ranking resumes, progress lines with an ETA, queries sharded over
 torchrun processes and gathered, seeded subsets that grow, and a stratified estimate of exact ranks
 that scores ~170 candidates a query."""
-import json, sys, time
+import json
+import sys
+import time
 from pathlib import Path
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -91,8 +94,8 @@ def read_rows(path, n_triples):
 
 class State:
     """The ranks finished so far, in a folder: settings.json (a rerun with other settings refuses
-    rather than mix) and one rows .npz per rank, replaced atomically: a killed run restarts from its
-    last save. `prior`: all ranks' saves."""
+    rather than mix) and one rows file per process (rankP.npz), replaced atomically: a killed run
+    restarts from its last save. `prior`: all processes' saves."""
 
     def __init__(self, folder, settings, ddp_rank, T):
         self.folder, self.path = Path(folder), Path(folder) / f"rank{ddp_rank}.npz"
@@ -172,8 +175,8 @@ def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None):
 
 
 def gather_rows(x):
-    """Every rank's (n_r, ...) tensor concatenated in rank order, n_r may differ: all_gather of
-    padded tensors."""
+    """Every process's (n_r, ...) tensor concatenated in process order, n_r may differ: all_gather
+    of padded tensors."""
     if not dist.is_initialized():
         return x
     world = dist.get_world_size()
@@ -186,26 +189,28 @@ def gather_rows(x):
     return torch.cat([p[:int(n)] for p, n in zip(parts, sizes)])
 
 
-def ranked_rows(run, lpq, kg, info, state_dir, rank, scorer, ddp_rank, world_size):
+def ranked_rows(args, lpq, kg, info, state_dir, rank_block, scorer, ddp_rank, world_size):
     """(ranks (2 len(tri), 6), tri, counts, State): the ranks of every (or --limit seeded random)
-    test triple as head and as tail, from rank(queries, block) (evaluate.rank_queries), sharded over
-    the ranks and saved as they come: a stopped ranking resumes. The state keeps every test triple a
-    scored query ranks: a larger --limit (same seed) scores only unseen queries."""
+    test triple as head and as tail, from rank_block(queries, block) (evaluate.rank_queries),
+    sharded over the processes and saved as they come: a stopped ranking resumes. The state keeps
+    every test triple a scored query ranks: a larger --limit (same seed) scores only unseen
+    queries."""
     T, C = len(lpq.target), len(lpq.candidates)
-    first = select(T, run.limit, run.seed, ordered=True)
+    first = select(T, args.limit, args.seed, ordered=True)
     tri, estimate = np.sort(first), len(first) < T
     # queries in the order the permutation first asks them: a ranking stopped anywhere has ranked
     # whole triples at the subset's start, so a smaller --limit answers from its state at once
     asked = lpq.triple_query[first].ravel()
     needed = asked[np.sort(np.unique(asked, return_index=True)[1])]
-    mine = needed[ddp_rank::world_size]  # round robin: every rank gets head and tail queries alike
+    # round robin: every process gets head and tail queries alike
+    mine = needed[ddp_rank::world_size]
     settings = dict(checkpoint_sha256=info["identity"], data=kg.name,
                     data_fingerprint=kg.fingerprint, text=info["text"], prompts=info["prompts"],
-                    max_seq_length=info["max_seq_length"], split=run.split,
-                    candidates=run.candidates, seed=run.seed, dtype=scorer.dtype)
+                    max_seq_length=info["max_seq_length"], split=args.split,
+                    candidates=args.candidates, seed=args.seed, dtype=scorer.dtype)
     state = State(state_dir, settings, ddp_rank, T)
     if dist.is_initialized():
-        dist.barrier()  # every rank has read the old state before any rank writes
+        dist.barrier()  # every process has read the old state before any writes
     # the queries of the saved ranks
     ranked = lpq.triple_query[state.prior[:, 0], state.prior[:, 1]]
     # only these: a block of saved and new queries would score the saved again
@@ -213,16 +218,16 @@ def ranked_rows(run, lpq, kg, info, state_dir, rank, scorer, ddp_rank, world_siz
     resumed = int(np.isin(needed, ranked).sum())
     fresh = len(needed) - resumed  # a resumed ranking scores only the queries not yet saved
     if ddp_rank == 0:  # the cost, before any of it is spent
-        print(f"{kg.name} {run.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries, "
+        print(f"{kg.name} {args.split}: {len(tri):,} of {T:,} triples, {len(needed):,} queries, "
               f"{resumed:,} ranked before (in {state.folder}): {fresh:,} x {C:,} candidates = "
               f"{fresh * C:,} pairs to score", file=sys.stderr)
     whole = None
-    if estimate:  # per rank, as the rate is
+    if estimate:  # per process, as the rate is
         whole = -(-len(np.unique(lpq.triple_query)) // world_size)
     unit = "queries" + (f" on rank 0 of {world_size}" if world_size > 1 else "")
     progress = Progress(len(todo), unit, ddp_rank == 0, whole)
-    blocks = in_pieces(rank, todo, max(1, run.block_rows // C))
-    save_as_they_come(run, state, progress, blocks)
+    blocks = in_pieces(rank_block, todo, max(1, args.block_rows // C))
+    save_as_they_come(args, state, progress, blocks)
     # process 0 brings the earlier runs' ranks
     mine_rows = np.concatenate([state.prior if ddp_rank == 0 else NO_ROWS, *state.new])
     rows = gather_rows(torch.from_numpy(mine_rows).to(scorer.device)).cpu().numpy()
@@ -237,14 +242,14 @@ def ranked_rows(run, lpq, kg, info, state_dir, rank, scorer, ddp_rank, world_siz
     return rows, tri, counts, state
 
 
-def in_pieces(rank, todo, block):
-    """rank(queries, block)'s ranked blocks over the queries `todo`, asked in pieces of about
+def in_pieces(rank_block, todo, block):
+    """rank_block(queries, block)'s ranked blocks over the queries `todo`, asked in pieces of about
     PIECE_S seconds (the first, one query, measures the rate)."""
     for i, j in timed_pieces(len(todo), 1, len(todo)):
-        yield from rank(todo[i:j], block)
+        yield from rank_block(todo[i:j], block)
 
 
-def save_as_they_come(run, state, progress, blocks):
+def save_as_they_come(args, state, progress, blocks):
     """Each ranked block into the state, saved every --save-every seconds and at the end; Ctrl-C
     (SIGINT) keeps every finished query."""
     saved = time.time()
@@ -252,8 +257,8 @@ def save_as_they_come(run, state, progress, blocks):
         for qs, rows in blocks:
             state.new.append(rows)
             progress.update(len(qs))
-            stop = run.stop_after_queries is not None and progress.done >= run.stop_after_queries
-            if stop or time.time() - saved >= run.save_every:
+            stop = args.stop_after_queries is not None and progress.done >= args.stop_after_queries
+            if stop or time.time() - saved >= args.save_every:
                 state.save()
                 saved = time.time()
             if stop:
@@ -268,7 +273,7 @@ def save_as_they_come(run, state, progress, blocks):
 
 
 def score_all(scorer, triples, block_rows, ddp_rank, world_size, progress):
-    """Scores (N,) float64 of all triples; each rank scores every world-th one, then all are
+    """Scores (N,) float64 of all triples; each process scores every world_size-th one, then all are
     gathered."""
     idx = np.arange(len(triples))[ddp_rank::world_size]
     parts = [torch.zeros(0, device=scorer.device)]

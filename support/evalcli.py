@@ -119,51 +119,51 @@ def benchmark(name):
     return name.lower() if name.lower() in graphs.DATASETS else None
 
 
-def resolve_source(run):
-    """Fills in run.ckpt (no --ckpt and no --model: the adapter shipped for the dataset) and
-    run.data from the checkpoint's metadata alone (returned; None: zero-shot): command-line mistakes
-    surface before the model loads."""
-    if run.model:
-        run.data = run.data or DEFAULT_DATA[run.task]
+def resolve_source(args):
+    """Fills in args.ckpt (no --ckpt and no --model: the adapter shipped for the dataset) and
+    args.data from the checkpoint's metadata alone (returned; None: zero-shot): command-line
+    mistakes surface before the model loads."""
+    if args.model:
+        args.data = args.data or DEFAULT_DATA[args.task]
         return None
-    if run.ckpt:
-        ckpt = checkpoint_file(run.ckpt)
+    if args.ckpt:
+        ckpt = checkpoint_file(args.ckpt)
     else:
-        if run.data and run.data.lower() not in graphs.DATASETS:
-            raise SystemExit(f"error: --data {run.data}: adapters are shipped for the benchmarks "
+        if args.data and args.data.lower() not in graphs.DATASETS:
+            raise SystemExit(f"error: --data {args.data}: adapters are shipped for the benchmarks "
                              "only; give --ckpt")
-        name = graphs.dataset(run.data or DEFAULT_DATA[run.task])[0]
+        name = graphs.dataset(args.data or DEFAULT_DATA[args.task])[0]
         # the project's, whatever PALT_WEIGHTS says
         ckpt = files.ROOT / "weights" / f"palt-{name}-minilm.safetensors"
         if not ckpt.is_file():
             raise SystemExit(f"error: no shipped adapter {ckpt}: train one with python train.py "
                              f"--data {name}, then --ckpt runs/{name}-minilm")
     _, meta = read_checkpoint(ckpt, tensors=False)  # the tensors load once, with the model
-    if run.data and benchmark(meta["data"]) != benchmark(run.data):
-        raise SystemExit(f"error: {ckpt} was trained on {meta['data']}, not {run.data}")
-    if run.text not in (None, meta["text"]):
-        raise SystemExit(f"error: {ckpt} was trained with --text {meta['text']}, not {run.text}")
-    run.ckpt, run.data = str(ckpt), run.data or files.in_project(meta["data"])
+    if args.data and benchmark(meta["data"]) != benchmark(args.data):
+        raise SystemExit(f"error: {ckpt} was trained on {meta['data']}, not {args.data}")
+    if args.text not in (None, meta["text"]):
+        raise SystemExit(f"error: {ckpt} was trained with --text {meta['text']}, not {args.text}")
+    args.ckpt, args.data = str(ckpt), args.data or files.in_project(meta["data"])
     return meta
 
 
-def results_path(run, shipped):
+def results_path(args, shipped):
     """(results JSON, ranking state folder): --out and its .state; else beside the checkpoint, else
     in results/. The state's name leaves --limit out: a rerun with a larger --limit and the same
     seed finds it and grows the estimate."""
-    if run.out:
-        return Path(run.out), Path(run.out).with_suffix(".state")
-    name, ckpt = graphs.dataset(run.data, run.data_dir)[0], Path(run.ckpt or "")
-    if run.model:
-        folder, stem = Path("results"), f"{name}-zeroshot-{Path(run.model).name}"
+    if args.out:
+        return Path(args.out), Path(args.out).with_suffix(".state")
+    name, ckpt = graphs.dataset(args.data, args.data_dir)[0], Path(args.ckpt or "")
+    if args.model:
+        folder, stem = Path("results"), f"{name}-zeroshot-{Path(args.model).name}"
     elif shipped:
         folder, stem = Path("results"), f"{name}-{ckpt.stem}"
     else:  # best and ckpt: two files
         folder = ckpt.parent
         stem = f"eval-{name}" + ("" if ckpt.stem == "ckpt" else f"-{ckpt.stem}")
-    stem += f"-{run.task}" + (f"-{run.split}" if run.task == "lp" else "")
-    limit = f"-limit{run.limit}-seed{run.seed}" if run.limit else ""
-    return folder / f"{stem}{limit}.json", folder / f"{stem}-seed{run.seed}.state"
+    stem += f"-{args.task}" + (f"-{args.split}" if args.task == "lp" else "")
+    limit = f"-limit{args.limit}-seed{args.seed}" if args.limit else ""
+    return folder / f"{stem}{limit}.json", folder / f"{stem}-seed{args.seed}.state"
 
 
 def train_summary(meta):
@@ -171,81 +171,84 @@ def train_summary(meta):
     and tell it apart."""
     if meta is None:
         return None
-    run, arch = json.loads(meta.get("run", "{}")), meta.get("palt", {})
+    args, arch = json.loads(meta.get("run", "{}")), meta.get("palt", {})
     for k in ("out", "data_dir", "model", "data"):  # checkpoints before 2026-11-28: as given
-        if isinstance(run.get(k), str) and os.path.isabs(run[k]):
-            run[k] = files.project_path(run[k])
+        if isinstance(args.get(k), str) and os.path.isabs(args[k]):
+            args[k] = files.project_path(args[k])
     return {"method": "finetune" if arch.get("finetune") else "palt", "model": meta.get("model"),
             **{k: arch.get(k) for k in ("prompts", "calib_layers", "prompt_encoder", "prompt_mlp")},
-            **{k: run.get(k) for k in ("lr", "batch", "negatives", "seed")},
-            "epochs": meta.get("epoch"), "epochs_scheduled": run.get("epochs"),
+            **{k: args.get(k) for k in ("lr", "batch", "negatives", "seed")},
+            "epochs": meta.get("epoch"), "epochs_scheduled": args.get("epochs"),
             "steps": meta.get("step"), "dtype": meta.get("dtype"),
             "wall_s": meta.get("train_wall_s"),
             "tunable": meta.get("tunable"), "dev": meta.get("dev"),
-            "best_epoch": meta.get("best_epoch"), "recipe": run or None,
+            "best_epoch": meta.get("best_epoch"), "recipe": args or None,
             # 'train': negatives redrawn when a train triple; checkpoints before 2026-11-28 lack the
             # key and redrew any train, dev or test fact
             **{k: meta[k] for k in ("negative_filter",) if k in meta}}
 
 
-def load_model(run, device):
+def load_model(args, device):
     """(PALT model, tokenizer, info): from the checkpoint, or zero-shot from a base model with a
     pretrained NSP head."""
-    if run.ckpt:
-        model, meta, loaded = load_checkpoint(run.ckpt)
-        identity = files.sha256_file(run.ckpt)  # the resume key: these very tensors, on any machine
+    if args.ckpt:
+        model, meta, loaded = load_checkpoint(args.ckpt)
+        # the resume key: these very tensors, on any machine
+        identity = files.sha256_file(args.ckpt)
     else:
-        model, loaded = palt.build_palt(run.model, palt.PaltConfig(**palt.ZERO_SHOT))
-        if loaded.new_heads:
-            raise SystemExit(f"error: {run.model} has no pretrained NSP head, so zero-shot scores "
+        model, loaded = palt.build_palt(args.model, palt.PaltConfig(**palt.ZERO_SHOT))
+        if loaded.heads_to_train:
+            raise SystemExit(f"error: {args.model} has no pretrained NSP head, so zero-shot scores "
                              "would be random; give --ckpt")
         identity = loaded.weights_sha256
-        meta = dict(model=run.model, text=run.text or "name", prompts=[0, 0, 0], max_seq_length=192)
-    info = dict(model=meta["model"], ckpt=run.ckpt and files.project_path(run.ckpt),
+        meta = dict(model=args.model, text=args.text or "name", prompts=[0, 0, 0],
+                    max_seq_length=192)
+    info = dict(model=meta["model"], ckpt=args.ckpt and files.project_path(args.ckpt),
                 identity=identity, weights_sha256=loaded.weights_sha256, text=meta["text"],
                 prompts=[int(p) for p in meta["prompts"]],
-                max_seq_length=run.max_seq_length or int(meta["max_seq_length"]))
+                max_seq_length=args.max_seq_length or int(meta["max_seq_length"]))
     return model.to(device).eval(), loaded.tokenizer, info
 
 
-def check_graph(run, meta, kg):
+def check_graph(args, meta, kg):
     """The graph against the checkpoint and the task."""
     if meta and meta.get("data_fingerprint") not in (None, kg.fingerprint):
-        raise SystemExit(f"error: {run.ckpt} was trained on other {kg.name} files (fingerprint "
+        raise SystemExit(f"error: {args.ckpt} was trained on other {kg.name} files (fingerprint "
                          f"{meta['data_fingerprint']}, these are {kg.fingerprint})")
-    if run.task == "tc" and kg.task != "tc":
+    if args.task == "tc" and kg.task != "tc":
         raise SystemExit(f"error: {kg.name} has no labelled dev/test negatives; triple "
                          "classification needs wn11, fb13 or a folder whose test split has a 4th "
                          "column (1/-1)")
-    need = {"tc": ["dev", "test"], "lp": [run.split]}.get(run.task, [])
+    need = {"tc": ["dev", "test"], "lp": [args.split]}.get(args.task, [])
     for split in [s for s in need if not len(getattr(kg, s))]:
-        raise SystemExit(f"error: {kg.split_files[split]}: no such file (--{run.task} "
+        raise SystemExit(f"error: {kg.split_files[split]}: no such file (--{args.task} "
                          "needs it)")
 
 
-def check_before_loading(run, shipped):
+def check_before_loading(args, shipped):
     """Everything that can be checked without the model, so that a mistake costs seconds, not a
     load: (checkpoint metadata or None, graph, output path or None, ranking state folder or
     None)."""
-    meta = resolve_source(run)
-    if run.max_seq_length is not None:
+    meta = resolve_source(args)
+    if args.max_seq_length is not None:
         n_prompts = sum(int(p) for p in meta["prompts"]) if meta else 0
-        check_seq_length(run.max_seq_length, n_prompts)
-    kg = graphs.load_kg(run.data, run.data_dir, text=meta["text"] if meta else run.text or "name")
-    check_graph(run, meta, kg)
+        check_seq_length(args.max_seq_length, n_prompts)
+    text = meta["text"] if meta else args.text or "name"
+    kg = graphs.load_kg(args.data, args.data_dir, text=text)
+    check_graph(args, meta, kg)
     for note in kg.notes:
         print(note, file=sys.stderr)
-    if run.task == "predict":
-        out, state_dir = Path(run.out) if run.out else None, None
+    if args.task == "predict":
+        out, state_dir = Path(args.out) if args.out else None, None
     else:
-        out, state_dir = results_path(run, shipped)
+        out, state_dir = results_path(args, shipped)
     if out and out.is_dir():
         raise SystemExit(f"error: --out {out} is a folder; give the path of a file")
     if out:
         files.check_writable(out.parent, f"--out {out}")
-    if run.queries:
-        files.readable(run.queries, graphs.DataError)
-    if out and run.task == "lp":  # the resumable ranking state
+    if args.queries:
+        files.readable(args.queries, graphs.DataError)
+    if out and args.task == "lp":  # the resumable ranking state
         files.check_writable(state_dir, f"{out}: its ranking state")
     return meta, kg, out, state_dir
 
@@ -256,17 +259,17 @@ def jsonable(x):
 
 
 # ----------------------------------------------------------------------------- the report
-def report(run, argv, result, state, scorer, kg, info, meta, out, t0, world_size):
+def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_size):
     """Prints the metrics and writes the results JSON (its command, data, model, metrics, how the
     checkpoint was trained, the settings); a full ranking's state is removed once written."""
     pad = None
     if scorer.n_tokens:
         pad = round(scorer.n_padded / scorer.n_tokens, 4)
     settings = dict(text=info["text"], text_file=kg.text_file, prompts=info["prompts"],
-                    compile=run.compile, max_seq_length=info["max_seq_length"],
-                    candidates=run.candidates, limit=run.limit, seed=run.seed, tokens=scorer.tokens,
-                    world_size=world_size, device=str(scorer.device), dtype=scorer.dtype,
-                    padded_per_real_token=pad)
+                    compile=args.compile, max_seq_length=info["max_seq_length"],
+                    candidates=args.candidates, limit=args.limit, seed=args.seed,
+                    tokens=scorer.tokens, world_size=world_size, device=str(scorer.device),
+                    dtype=scorer.dtype, padded_per_real_token=pad)
     command = " ".join(["python evaluate.py", *map(str, argv or sys.argv[1:])])
     data = kg.name if benchmark(kg.name) else files.project_path(kg.folder)  # a graph's folder
     result = dict(command=command, data=data, model=info["model"], ckpt=info["ckpt"],
@@ -275,7 +278,7 @@ def report(run, argv, result, state, scorer, kg, info, meta, out, t0, world_size
     name = kg.name + (" (estimate)" if result["estimate"] else "")
     row = [name, info["model"], info["ckpt"] or "zero-shot"]
     # shown even if the write fails
-    row += print_lp(result, run.raw) if run.task == "lp" else print_tc(result)
+    row += print_lp(result, args.raw) if args.task == "lp" else print_tc(result)
     blob = (json.dumps(result, indent=1) + "\n").encode()
     try:
         files.write_atomic(out, lambda f: f.write(blob))

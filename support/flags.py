@@ -63,7 +63,7 @@ class Run:
     max_steps: int | None = setting(low=(1, True), help="stop (and schedule the lr) as if training "
                                     "ended here")
     lr: float | None = setting(low=(0, False), help="peak learning rate")
-    head_lr: float | None = setting(low=(0, False), help="lr of the heads the checkpoint lacked "
+    head_lr: float | None = setting(low=(0, False), help="lr of the heads without NSP pretraining "
                                     "(MiniLM's pooler and NSP head); default --lr")
     batch: int | None = setting(low=(1, True), help="positive triples per step over all processes")
     negatives: tuple | None = setting(parse=negatives_list, help="corruptions of head, relation, "
@@ -101,7 +101,7 @@ class Run:
                             high=(1, "a fraction of the steps"))
     weight_decay: float = setting(0.01, "AdamW's, on matrices only", low=(0, True))
     grad_clip: float = setting(1.0, "gradient norm clipping", low=(0, False))
-    seed: int = setting(42, "order, negatives, new heads and dropout", low=(0, True))
+    seed: int = setting(42, "order, negatives, a random NSP head and dropout", low=(0, True))
     log_every: int = setting(20, "steps between log lines", low=(1, True))
     resume: bool = setting(False, "continue the run in --out from its last saved state")
 

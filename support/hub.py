@@ -12,12 +12,20 @@ Every file is fetched into a .part file that a rerun resumes, checked for size a
 renamed into place. Tests point PALT_HUB_URL / PALT_DATA_URL at a local server. Imports point one
 way (README.md, Read the code).
 """
-import argparse, importlib.util, os, re, sys, urllib.error, urllib.request
+import argparse
+import importlib.util
+import os
+import re
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
+
 import torch
 
-import bert, data
-from support import graphs
+import bert
+import data
+from support import graphs, hf
 from support.files import ROOT, sha256_file
 
 WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", ROOT / "weights"))  # downloaded base models
@@ -176,7 +184,7 @@ PAPER = {  # the PALT paper's table: entities, relations, train, dev, test (tc: 
 def stats(data_dir=None, model="minilm", text="name"):
     """The counts of every benchmark found, beside the paper's, and its entity texts' token
     lengths."""
-    tok, root = bert.load_tokenizer(model_dir(model)), graphs.data_root(data_dir)
+    tok, root = hf.load_tokenizer(model_dir(model)), graphs.data_root(data_dir)
     found = [name for name, (folder, *_) in graphs.DATASETS.items() if (root / folder).is_dir()]
     if not found:
         folders = ", ".join(f for f, *_ in graphs.DATASETS.values())
@@ -211,7 +219,7 @@ def check(name_or_path):
           f"params  {sum(p.numel() for p in m.model.parameters()):,}")
     for head in ("pooler", "nsp"):
         new = "NEW: no pretrained NSP head in the checkpoint, so PALT trains it"
-        print(f"{head:7} {new if head in m.new_heads else 'pretrained'}")
+        print(f"{head:7} {new if head in m.heads_to_train else 'pretrained'}")
     tok, a, b = m.tokenizer, "Paris is the capital of", "France."
     ids_a, ids_b = (tok.encode(s, add_special_tokens=False).ids for s in (a, b))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
@@ -219,12 +227,12 @@ def check(name_or_path):
     types = torch.tensor([[0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)])
     with torch.inference_mode():
         p = m.model.eval()(ids, types, torch.ones_like(ids)).nsp_logits.softmax(-1)[0, 0].item()
-    untrained = " (head untrained)" if m.new_heads else ""
+    untrained = " (head untrained)" if m.heads_to_train else ""
     print(f"NSP     P(is next | {a!r}, {b!r}) = {p:.4f}{untrained}")
 
 
-def parse_args():
-    """hub.py's flags."""
+def parse_args(argv=None):
+    """python -m support.hub's flags."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog=__doc__.split("\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,7 +248,7 @@ def parse_args():
                    help="tokenizer for --stats: minilm or a model name/dir")
     p.add_argument("--text", default="name", choices=graphs.TEXTS,
                    help="--stats: entity names or descriptions")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not (args.download or args.stats or args.check):
         p.error("nothing to do: give --download NAME, --stats or --check MODEL")
     return args

@@ -17,8 +17,12 @@ disk ($PALT_CACHE, else ~/.cache/palt), keyed by the checkpoint, the base weight
 shipped WN18RR adapter's anchors ship in weights/anchors/. --lp and --tc never use it: their metrics
 score every candidate.
 """
-import difflib, os, sys, time
+import difflib
+import os
+import sys
+import time
 from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -247,22 +251,22 @@ def parse_query(parts, where):
                      f"{' '.join(parts)!r}")
 
 
-def read_queries(run):
+def read_queries(args):
     """[(entity, relation, side, where)] as typed: the one on the command line (where: None), or one
     a line of --queries (tab-separated; where: FILE:LINE)."""
-    if not run.queries:
-        return [(*parse_query(run.query, "--predict"), None)]
-    text = files.read_text(run.queries, graphs.DataError)[1]
+    if not args.queries:
+        return [(*parse_query(args.query, "--predict"), None)]
+    text = files.read_text(args.queries, graphs.DataError)[1]
     queries = []
     try:
         for i, line in enumerate(text.splitlines()):
-            where = f"{run.queries}:{i + 1}"
+            where = f"{args.queries}:{i + 1}"
             if line.strip():
                 queries.append((*parse_query([p.strip() for p in line.split("\t")], where), where))
     except ValueError as e:  # a line that is no query
         raise SystemExit(f"error: {e}") from None
     if not queries:
-        raise SystemExit(f"error: {run.queries}:1: no queries")
+        raise SystemExit(f"error: {args.queries}:1: no queries")
     return queries
 
 
@@ -288,26 +292,26 @@ def finished_queries(partial, stamp):
     return done
 
 
-def predict(run, scorer, kg, tokenizer, info):
+def predict(args, scorer, kg, tokenizer, info):
     """The top-k completions of each query (E, r, ?) or (?, r, E); a text:... entity need not be in
     the graph. On a big graph a shortlist is scored (Shortlist), said in each header. A --queries
     run with --out resumes."""
     E = len(kg.entities)
-    resolved, new = resolve(run, kg)
+    resolved, new = resolve(args, kg)
     if new:  # the new texts are tokenised after the graph's own entities: indices E, E+1, ...
         scorer.enc = data.encode(kg, tokenizer, new)
     ent_text = kg.ent_text + new  # entity i's text, the new ones included
-    cand = kg.split_entities if run.candidates == "split" else np.arange(E)
-    size = shortlist_size(run, cand)
+    cand = kg.split_entities if args.candidates == "split" else np.arange(E)
+    size = shortlist_size(args, cand)
     short = None
     if size and size < len(cand):
         short = Shortlist(kg, scorer, cand, info["identity"], info["weights_sha256"], size)
     # one line of rows a query, as it ends
-    partial = Path(str(run.out) + ".partial") if run.queries and run.out else None
+    partial = Path(str(args.out) + ".partial") if args.queries and args.out else None
     done = {}
     if partial:
-        stamp = (f"# {info['identity'][:16]} queries {files.sha256_file(run.queries)[:16]} topk "
-                 f"{run.topk} candidates {run.candidates} shortlist {size or 'all'}")
+        stamp = (f"# {info['identity'][:16]} queries {files.sha256_file(args.queries)[:16]} topk "
+                 f"{args.topk} candidates {args.candidates} shortlist {size or 'all'}")
         done = finished_queries(partial, stamp)
     if done:
         print(f"resumed: {len(done)} of {len(resolved)} queries done in {partial}", file=sys.stderr)
@@ -318,25 +322,25 @@ def predict(run, scorer, kg, tokenizer, info):
         if side:
             q = f"({ent_text[e]}, {kg.rel_text[r]}, ?)"
         if number not in done:
-            done[number] = top_k(run, scorer, kg, cand, short, q, e, r, side)
+            done[number] = top_k(args, scorer, kg, cand, short, q, e, r, side)
             if partial:
                 with open(partial, "a") as f:
                     f.write("".join(f"{number}\t{row}\n" for row in done[number]))
         rows += done[number]
         progress.update(1)
     progress.update(0, force=True)
-    if run.out:
-        files.write_atomic(run.out, lambda f: f.write(("\n".join(rows) + "\n").encode()))
-        print(f"wrote {run.out} ({len(rows) - 1} rows)")
+    if args.out:
+        files.write_atomic(args.out, lambda f: f.write(("\n".join(rows) + "\n").encode()))
+        print(f"wrote {args.out} ({len(rows) - 1} rows)")
         if partial:
             partial.unlink()
 
 
-def resolve(run, kg):
+def resolve(args, kg):
     """([(entity, relation, side)] as indices, [new entity texts]): a text:... entity is the next
     index after the graph's; an unknown one is refused, naming FILE:LINE for --queries."""
     E, new, resolved = len(kg.entities), [], []
-    for e, r, side, where in read_queries(run):
+    for e, r, side, where in read_queries(args):
         if e.startswith("text:"):
             new.append(e[5:].strip())
             e = E + len(new) - 1
@@ -346,17 +350,17 @@ def resolve(run, kg):
     return resolved, new
 
 
-def shortlist_size(run, cand):
+def shortlist_size(args, cand):
     """How many candidates a query scores: --shortlist, else SIZE on a graph of over ALL_UP_TO;
     None: all."""
-    if run.shortlist == "all":
+    if args.shortlist == "all":
         return None
-    if run.shortlist:
-        return run.shortlist
+    if args.shortlist:
+        return args.shortlist
     return SIZE if len(cand) > ALL_UP_TO else None
 
 
-def top_k(run, scorer, kg, cand, short, q, e, r, side):
+def top_k(args, scorer, kg, cand, short, q, e, r, side):
     """Scores one query's candidates (or its shortlist), prints its top k, returns them as TSV
     rows."""
     t = time.time()
@@ -366,7 +370,7 @@ def top_k(run, scorer, kg, cand, short, q, e, r, side):
     else:
         s = scorer.numpy(query_triples(e, r, side, cand))
     triples = query_triples(e, r, side, some)
-    top = np.argsort(-s, kind="stable")[:run.topk]
+    top = np.argsort(-s, kind="stable")[:args.topk]
     known = kg.is_known(triples[top]) & (e < len(kg.entities))  # a new entity is in no fact
     over = f"{len(cand):,} candidates"
     if short:

@@ -6,7 +6,8 @@ import torch
 from safetensors.torch import save_file
 
 from support import hub
-from bert import CheckpointError, load_tokenizer, load_weights
+from bert import CheckpointError, load_weights
+from support.hf import load_tokenizer
 from support.hub import load_bert
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +57,8 @@ def padded_batch():
 
 @pytest.mark.parametrize("legacy", [False, True])
 def test_parity_with_transformers(hf_model, tmp_path, legacy):
-    model, new_heads = load_weights(save_layout(hf_model, tmp_path / "m", legacy))
-    assert new_heads == ()
+    model, heads_to_train = load_weights(save_layout(hf_model, tmp_path / "m", legacy))
+    assert heads_to_train == ()
     ids, types, mask = padded_batch()
     with torch.no_grad():
         ref = hf_model(input_ids=ids, token_type_ids=types, attention_mask=mask, output_hidden_states=True)
@@ -86,8 +87,8 @@ def test_missing_nsp_head_is_new_and_trainable(hf_model, tmp_path):
     sd = {k: v.contiguous() for k, v in hf_model.bert.state_dict().items()}  # a BertModel: no "bert." prefix, no cls.*
     save_file(sd, str(d / "model.safetensors"))
     (d / "config.json").write_text(hf_model.config.to_json_string())
-    model, new_heads = load_weights(d)
-    assert new_heads == ("pooler", "nsp")
+    model, heads_to_train = load_weights(d)
+    assert heads_to_train == ("pooler", "nsp")
     assert not model.nsp.weight.is_meta and model.nsp.weight.abs().sum() > 0 and model.nsp.bias.abs().sum() == 0
 
 
@@ -141,7 +142,7 @@ def test_tokenizer_matches_hf_cased(tmp_path):
 # -------------------------------------------------------------------------------------------- real MiniLM
 def test_minilm_matches_transformers():
     loaded = load_bert("minilm")
-    assert loaded.new_heads == ("pooler", "nsp") and loaded.config.hidden_size == 384
+    assert loaded.heads_to_train == ("pooler", "nsp") and loaded.config.hidden_size == 384
     ref = transformers.BertModel.from_pretrained(str(loaded.path), add_pooling_layer=False).eval()
     enc = [loaded.tokenizer.encode(a, b) for a, b in [("Paris", "capital of France"), ("a longer head entity text", "x")]]
     L = max(len(e.ids) for e in enc)
@@ -245,7 +246,7 @@ def test_download_resumes_and_verifies(fake_hub, hf_model, tmp_path):
     loaded = load_bert("bert-base-cased")
     assert (target / "model.safetensors").read_bytes() == blob and not list(target.glob("*.part"))
     assert ("GET", "/storage/model.safetensors", "bytes=1000-") in Hub.requests  # it resumed, not restarted
-    assert loaded.weights_sha256 == hashlib.sha256(blob).hexdigest() and loaded.new_heads == ()
+    assert loaded.weights_sha256 == hashlib.sha256(blob).hexdigest() and loaded.heads_to_train == ()
 
 
 def test_download_rejects_corrupt_file(fake_hub, tmp_path):

@@ -1,4 +1,4 @@
-"""Nothing lost, no traceback: the real command lines (train.py, evaluate.py, hub.py) on bad input
+"""Nothing lost, no traceback: the real command lines (train.py, evaluate.py, python -m support.hub) on bad input
 and faults, on a tiny BERT and tiny data. The table's cases run each script as __main__ inside this process (runpy:
 the same code, without the seconds that starting Python and importing torch cost per case); a few of them also run
 as subprocesses, to show that the two agree; the kill and resume tests run as subprocesses.
@@ -7,7 +7,7 @@ Every row of CASES is one case. Each must
   1. exit with the documented code: 2 for an argparse error, 1 for any other refusal (3: the test crash hook);
   2. print exactly one `error: ...` line on stderr and no traceback (argparse's usage lines may come before its line;
      any other refusal prints that one line and nothing else, on stdout neither: it came before the work began
-     (the one exception: hub.py --stats, whose table prints a row per dataset as it goes);
+     (the one exception: support.hub --stats, whose table prints a row per dataset as it goes);
   3. name the culprit, the file (path:line for a data file) or the flag, in that line;
   4. leave every file on disk as it was: bytes and mtimes of the shared trained run, its checkpoints, the ranking
      state, the data and the models, and of the case's own folder, compared before and after. (Files only: a refused
@@ -365,7 +365,7 @@ CASES = [
       setup=own_graph(train_tsv=b"\n")),
     C("own-not-utf8", "a train.tsv in Latin-1", train("--data", "{own}"), ("{own}/train.tsv:2", "not UTF-8"),
       setup=own_graph(train_tsv=b"a\tr\tb\nb\tr\tc\xe9\n")),
-    # --------------------------------------------------------------- hub.py: --download, --stats, --check
+    # --------------------------------------------------------------- support/hub.py: --download, --stats, --check
     C("data-download-unknown", "--download of an unknown dataset",
       ["-m", "support.hub", "--download", "nosuch", "--data-dir", "{tmp}/dl"], ("nosuch", "unknown dataset")),
     C("data-stats-empty", "--stats on a folder without datasets", ["-m", "support.hub", "--stats", "--data-dir", "{empty}",

@@ -66,10 +66,10 @@ def test_only_palt_parameters_get_gradients(base):
     assert {"prompts", "W_p.weight", "calib.2.weight", "calib.3.bias", "prompt_mlp.0.weight"} <= got
 
 
-def test_new_heads_train_and_finetune_trains_everything(base, tmp_path):
+def test_heads_to_train_train_and_finetune_trains_everything(base, tmp_path):
     headless = load_bert(make_bert_dir(tmp_path / "headless", WORDS, nsp=False))
-    assert headless.new_heads == ("pooler", "nsp")
-    palt = PALT(headless.model, PaltConfig(prompts=(1, 0, 0), calib_layers=()), headless.new_heads)
+    assert headless.heads_to_train == ("pooler", "nsp")
+    palt = PALT(headless.model, PaltConfig(prompts=(1, 0, 0), calib_layers=()), headless.heads_to_train)
     trainable = {n for n, p in palt.named_parameters() if p.requires_grad}
     assert trainable == {"prompts", "W_p.weight", "W_p.bias", "bert.pooler.weight", "bert.pooler.bias",
                          "bert.nsp.weight", "bert.nsp.bias"}

@@ -76,7 +76,7 @@ def test_finetune_trains_every_parameter_and_tc_reports_dev_accuracy(setup, tmp_
     assert "dev after epoch 1: accuracy" in capsys.readouterr().out
 
 
-def test_a_headless_checkpoint_trains_its_new_heads(setup, tmp_path):
+def test_a_headless_checkpoint_trains_its_heads_to_train(setup, tmp_path):
     root, _, headless = setup
     a = args(setup, tmp_path, "--epochs", "1")
     a[a.index("--model") + 1] = str(headless)
@@ -85,7 +85,7 @@ def test_a_headless_checkpoint_trains_its_new_heads(setup, tmp_path):
     assert model.bert.nsp.weight.requires_grad and not model.bert.layers[0].q.weight.requires_grad
 
 
-def test_head_lr_scales_the_new_heads_only_and_weight_decay_skips_biases(setup, tmp_path):
+def test_head_lr_scales_the_heads_to_train_only_and_weight_decay_skips_biases(setup, tmp_path):
     root, _, headless = setup
     for extra, head_scale in (([], 1.0), (["--head-lr", "3e-2"], 10.0)):
         a = args(setup, tmp_path, *extra)
