@@ -35,8 +35,9 @@ from support import evalcli, files, graphs, hub, predict
 DPI = 100
 PART_COLOURS = {"[CLS]": "grey", "[SEP]": "grey", "prompt": "darkorange", "head": "black",
                 "relation": "green", "head+relation": "black", "tail": "royalblue"}
-DEV_KINDS = {"sampled": "dev: sampled candidates", "estimate": "dev: stratified estimate",
-             "all": "dev: all candidates", "accuracy": "dev accuracy"}
+DEV_KINDS = {"sampled": "dev: sampled candidates", "all": "dev: all candidates",
+             "estimate": "dev: stratified estimate (its 1 / rank runs ~2x the MRR)",
+             "accuracy": "dev accuracy"}
 NO_MATPLOTLIB = "plot.py needs matplotlib: pip install matplotlib"
 
 
@@ -229,7 +230,7 @@ STEP_LINE = re.compile(r"^epoch (\d+)/(\d+) step (\d+)/(\d+) loss (\S+)")
 DEV_LINE = re.compile(r"^dev (?:after epoch (\d+)|at step (\d+) \(epoch ([\d.]+)\)): (.*)$")
 RESUMED_LINE = re.compile(r"^resumed from .*: epoch (\d+), step (\d+)$")
 NUMBERS = {"mrr": r"\bmrr ([\d.]+)", "mr": r"\bMR ([\d.]+)", "hits@10": r"Hits@10 ([\d.]+)",
-           "accuracy": r"\baccuracy ([\d.]+)"}
+           "accuracy": r"\baccuracy ([\d.]+)", "signal": r"^signal ([\d.]+)"}
 
 
 @dataclass
@@ -285,6 +286,8 @@ def dev_point(step, epoch, rest):
             point[name] = float(m.group(1))
     if "accuracy" in point:
         point.update(metric="accuracy", value=point["accuracy"], kind="accuracy")
+    elif "signal" in point:  # a big graph's estimate since 2026-11-29: MR and a signal, no MRR
+        point.update(metric="signal", value=point["signal"], kind="estimate")
     elif "mrr" in point:
         point.update(metric="mrr", value=point["mrr"], kind=dev_kind(rest))
     return point
@@ -486,7 +489,8 @@ def draw_curves(plt, curves, logx=False):
             axes[2].plot([d["step"] for d in with_hits], [d["hits@10"] for d in with_hits], style,
                          color=colour, ms=3, lw=1)
     axes[0].set_ylabel("train loss as logged\n(mean since the epoch's start or a resume)")
-    axes[1].set_ylabel("dev " + " / ".join("MRR" if m == "mrr" else m for m in metrics))
+    names = {"mrr": "MRR", "signal": "1 / estimated rank"}
+    axes[1].set_ylabel("dev " + " / ".join(names.get(m, m) for m in metrics))
     if any(c.dev for c in curves):
         axes[1].legend(fontsize=8, loc="lower right")
     if hits:

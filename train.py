@@ -27,10 +27,11 @@ from bert import CheckpointError, autocast
 from data import NegativeSampler, build_batch, encode, seq_lengths, to_device
 from palt import ConfigError, PaltConfig, build_palt, param_report
 from support import flags
-from support.checkpoints import (check_output, check_resumable, open_log, palt_meta, restore,
-                                 save_run)
+from support.checkpoints import (check_output, check_resumable, claim_output, open_log, palt_meta,
+                                 restore, save_run)
 from support.devices import check_devices, compiled, resolve_dtype
 from support.devmetric import dev_metric
+from support.files import release_folder
 from support.graphs import DataError, load_kg
 from support.near import entity_embeddings, nearest_entities
 
@@ -384,6 +385,7 @@ def setup(run):
     ddp_model = model
     if ddp:  # each process's gradients averaged in backward
         ddp_model = DDP(model, device_ids=[ddp_local_rank] if cuda else None)
+    claim_output(out, run.resume, master_process, ddp)  # a second run into --out is refused here
     history = restore(resumed, state, model, opt, params)
     log0 = open_log(out, print0) if master_process else print0
     if run.resume:  # in the log too: a resumed run's log shows where it stopped and continued
@@ -421,6 +423,7 @@ def main(run):
         print(f"trained {history['step']} steps in {history['train_wall_s'] / 60:.1f} min "
               f"({tr.dtype}); last {last}{best}", flush=True)
     model = tr.model
+    release_folder(out)  # the run folder is free for the next run (a --resume)
     if tr.ddp:  # DDP's reducer holds the group's gloo work: alive when the group is destroyed, it
         # can abort the exit (SIGABRT, "terminate called without an active exception"): freed first
         tr.ddp_model = tr.forward = None

@@ -249,7 +249,7 @@ def main():
                     "from other work on a shared machine")
     ap.add_argument("--no-split", action="store_true", help="skip d and e (the dtype and order effects alone)")
     ap.add_argument("--recipes", help="time train.py's step under these recipes instead (e.g. cpu,gpu: their batch, "
-                    "negatives, prompts and compile; on a GPU the issue-41 figure), on --data (default wn18rr)")
+                    "negatives, prompts and compile; on a GPU the RESULTS.md step-speed figure), on --data (default wn18rr)")
     ap.add_argument("--attention", type=lambda s: [int(x) for x in s.split(",")], help="--recipes: also time one "
                     "layer's attention under each SDPA backend at these padded lengths, e.g. 48,64,96")
     ap.add_argument("--profile", action="store_true", help="--recipes: also a torch.profiler table of each recipe's steps")

@@ -13,7 +13,9 @@ all of them and those the exact ranking itself separates (bench/paired.py: 95% p
 `strat N` (train.py --dev-near N) estimates the exact ranks instead of ranking within a sample: per query, every hard candidate (the N entities
 nearest its entity and the N nearest its answer, and its entity itself) is scored and counts once; --sample uniform
 draws from the other candidates each count for (other candidates)/(draws). The estimated rank is unbiased; its
-reciprocal is not, but the top, which MRR weighs most, is counted exactly wherever the hard candidates hold it.
+reciprocal is not (a query whose draws miss its few rivals reads as rank 1), so the MRR printed is the expected
+reciprocal rank over what the undrawn candidates may hold (bigrank.stratified_ranks); `1/r` columns: the reciprocal of
+the estimated rank, as train.py printed it until 2026-11-29.
 `typed N` adds a middle stratum, the entities training shows on the query's side of its relation (--range-draws of
 them drawn, each counting for the stratum's size over the draws): the answer's rivals are mostly of its type
 (on FB15k-237; on WN18RR they are its neighbours: RESULTS.md).
@@ -47,14 +49,16 @@ def ranked_prefix(state, T):
 
 
 def stratified(scorer, kg, tri, seed, near, draws, split="dev", range_draws=0):
-    """(MRR, MR) of the stratified rank estimates of the triples `tri` of a split (bigrank.stratified_ranks, which
+    """(MRR, MR, mean 1/rank) of the stratified rank estimates of the triples `tri` of a split: the expected
+    reciprocal rank train.py's dev line prints since 2026-11-29, MR, and the reciprocal of the estimated rank it
+    printed before (bigrank.stratified_ranks, which
     train.py --dev-near reports). range_draws: a middle stratum, the entities training shows on the query's side of
     its relation (its type, for most FB15k-237 relations), `range_draws` of them drawn."""
     ranges = {(side, r): np.unique(kg.train[kg.train[:, 1] == r, col])  # entities training puts on that side of r
               for side, col in ((0, 0), (1, 2)) for r in np.unique(kg.train[:, 1])} if range_draws else {}
     middle = (lambda side, r: (ranges.get((side, r), np.zeros(0, np.int64)), range_draws)) if range_draws else None
-    ranks, _ = bigrank.stratified_ranks(scorer, evaluate.lp_queries(kg, split), tri, seed, near, draws, middle)
-    return float(np.mean(1 / ranks)), float(np.mean(ranks))
+    ranks, expected, _ = bigrank.stratified_ranks(scorer, evaluate.lp_queries(kg, split), tri, seed, near, draws, middle)
+    return float(expected["mrr"].mean()), float(np.mean(ranks)), float(np.mean(1 / ranks))
 
 
 def main():
@@ -107,8 +111,9 @@ def main():
         for name, n, range_draws in [(f"strat {n}", n, 0) for n in [0] + nears] + [(f"typed {n}", n, args.range_draws)
                                                                                  for n in (0, max(nears))]:
             runs = np.array([stratified(scorer, kg, tri, task["seed"] + j, near[:, :n], args.sample, split,
-                                        range_draws) for j in range(args.draw_seeds)])  # (draws, [MRR, MR])
-            row[name], row[f"{name} MR"], row[f"{name} sd"] = *runs.mean(0).tolist(), float(runs[:, 0].std())
+                                        range_draws) for j in range(args.draw_seeds)])  # (draws, [MRR, MR, 1/r])
+            row[name], row[f"{name} MR"], row[f"{name} 1/r"] = runs.mean(0).tolist()
+            row[f"{name} sd"] = float(runs[:, 0].std())
         triples = getattr(kg, split)[tri]
         answer = scorer(triples).float()
         own = [scorer(triples[:, [0, 1, 0]]).float(), scorer(triples[:, [2, 1, 2]]).float()]  # tail, head
@@ -117,12 +122,13 @@ def main():
         print(json.dumps(row), flush=True)
     stratas = [f"strat {n}" for n in [0] + nears] + [f"typed {n}" for n in (0, max(nears))]
     signals = ([] if args.strata_only else ["random"]) + stratas
+    top = f"strat {max(nears)}"
     print(f"\n| checkpoint | {split} triples | exact MRR | exact MR | " + " | ".join(f"{s} MRR" for s in signals)
-          + " | strat MR | self wins |")
-    print("|---" * (6 + len(signals)) + "|")
+          + f" | {top} 1/r (before) | {top} MR | self wins |")
+    print("|---" * (7 + len(signals)) + "|")
     for r in table:
         print(f"| {r['ckpt']} | {r['triples']} | {r['exact']:.4f} | {r['exact MR']:.0f} | "
-              + " | ".join(f"{r[s]:.4f}" for s in signals) + f" | {r[f'strat {max(nears)} MR']:.0f} | "
+              + " | ".join(f"{r[s]:.4f}" for s in signals) + f" | {r[f'{top} 1/r']:.4f} | {r[f'{top} MR']:.0f} | "
               f"{r['self wins']:.2f} |")
     # which pairs the exact ranking itself orders: the paired bootstrap's 95% interval of the difference excludes 0
     pairs = list(itertools.combinations(range(len(table)), 2))

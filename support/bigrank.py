@@ -111,8 +111,9 @@ class State:
                     raise SystemExit(f"error: {self.folder} holds ranks made with {k} "
                                      f"{was.get(k)}, not {v}: give another --out, or delete it to "
                                      "start over")
-        elif ddp_rank == 0:
-            self.folder.mkdir(parents=True, exist_ok=True)
+        if ddp_rank == 0:  # two rankings never write one state
+            files.lock_folder(self.folder, "a ranking state", "give another --out")
+        if ddp_rank == 0 and not saved.exists():
             files.write_atomic(saved, lambda f: f.write(json.dumps(settings, indent=1).encode()))
         saves = sorted(self.folder.glob("rank*.npz"))
         self.prior = np.concatenate([NO_ROWS, *(read_rows(f, T) for f in saves)])
@@ -139,12 +140,18 @@ def select(T, limit, seed, ordered=False):
     return first if ordered else np.sort(first)
 
 
-def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None):
-    """(ranks, candidates scored a query): unbiased estimates of the filtered realistic ranks of
-    `tri` as head and tail against every candidate. Per query the hard stratum (its entity, the
-    entities `near` it and near its answer) is scored whole and counts once; `draws` uniform draws
-    from the rest (and from middle(side, r) -> (pool, draws), if given) count for (stratum)/(draws)
-    each. MRR's top is exact where the hard stratum holds the rivals (RESULTS.md)."""
+def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None, posterior=1000,
+                     ks=(1, 3, 10)):
+    """(ranks, expected, candidates scored a query): estimates of the filtered realistic ranks of
+    `tri` as head and tail against every candidate, and expected {"mrr": E[1 / rank], "hits@k":
+    P(rank <= k)} of each (ks). Per query the
+    hard stratum (its entity, the entities `near` it and near its answer) is scored whole and counts
+    once; `draws` uniform draws from the rest (and from middle(side, r) -> (pool, draws), if given)
+    count for (stratum)/(draws) each: the rank is unbiased (so MR is). 1 / that rank is not (a query
+    whose draws miss its few rivals reads as rank 1), nor are its Hits: both are expectations over
+    the rivals a stratum may hold, b of its k draws better giving p ~ Beta(b + 1/2, k - b + 1/2) and
+    a Binomial count of its n - k undrawn, `posterior` seeded draws (bench/devsignal.py holds the
+    MRR to exact dev ranks)."""
     rng, cand, batch, parts = np.random.default_rng(seed), lpq.candidates, [], []
     # side 0 asks (?, r, e), side 1 (e, r, ?)
     for i, side in ((i, side) for i in tri for side in (0, 1)):
@@ -163,15 +170,27 @@ def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None):
         if side == 1:
             columns = columns[::-1]  # (e, r, c): c is the tail
         batch.append(np.stack(columns, 1))
-        parts.append([(len(d), len(s) / max(1, len(d))) for d, (s, _) in zip(drawn, strata)])
-    scores, at, ranks = scorer.numpy(np.concatenate(batch)), 0, []
+        parts.append([(len(d), len(s)) for d, (s, _) in zip(drawn, strata)])  # (drawn, of n)
+    scores, at, ranks, expected = scorer.numpy(np.concatenate(batch)), 0, [], []
+    post = np.random.default_rng([seed, 1])  # apart from the draws: the ranks stay as they were
     for part in parts:  # per query: the answer's score, then each stratum's candidates
         width = 1 + sum(k for k, _ in part)
         s, at = scores[at:at + width], at + width
         # ties count half
         beats, ends = (s[1:] > s[0]) + 0.5 * (s[1:] == s[0]), np.cumsum([k for k, _ in part])
-        ranks.append(1 + sum(w * beats[end - k:end].sum() for (k, w), end in zip(part, ends)))
-    return np.array(ranks), round(len(scores) / max(1, len(parts)))
+        better = [beats[end - k:end].sum() for (k, _), end in zip(part, ends)]
+        ranks.append(1 + sum(b * n / max(1, k) for b, (k, n) in zip(better, part)))
+        rivals = np.ones(posterior)  # 1 + the rivals, in `posterior` draws
+        for b, (k, n) in zip(better, part):
+            if k == n:  # scored whole: counted as it is
+                rivals += b
+            elif k:
+                p = post.beta(b + 0.5, k - b + 0.5, posterior)
+                rivals += b + post.binomial(n - k, p)  # the k drawn, then the n - k not drawn
+        expected.append([np.mean(1 / rivals), *(np.mean(rivals <= k) for k in ks)])
+    expected = np.array(expected).reshape(-1, 1 + len(ks)).T  # (1 + len(ks), queries)
+    expected = dict(zip(["mrr", *(f"hits@{k}" for k in ks)], expected))
+    return np.array(ranks), expected, round(len(scores) / max(1, len(parts)))
 
 
 def gather_rows(x):

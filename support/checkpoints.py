@@ -5,10 +5,13 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save
 
 from bert import CheckpointError
+from support import files
 from support.files import check_writable, in_project, readable, write_atomic
 from support.hub import load_bert
 from palt import PALT, PaltConfig
@@ -117,8 +120,9 @@ def check_output(out, resume):
     metadata if resuming."""
     state = out / "state.safetensors"
     check_writable(out, f"--out {out}")
-    files = (out / "ckpt.safetensors", out / "best.safetensors", state)
-    trained = [f.name for f in files if f.exists()]
+    files.check_unlocked(out, "--out", "choose another --out")  # a run under way: say so first
+    written = (out / "ckpt.safetensors", out / "best.safetensors", state)
+    trained = [f.name for f in written if f.exists()]
     if trained and not resume:
         raise SystemExit(f"error: {out}/{trained[0]} exists: --resume to continue it, or choose "
                          "another --out")
@@ -129,6 +133,28 @@ def check_output(out, resume):
     if not trained:
         return None
     return read_checkpoint(state, kind="train-state", tensors=False)[1]
+
+
+def claim_output(out, resume, master_process, ddp):
+    """One run a folder: process 0 locks --out (files.lock_folder) before anything is written
+    there, then looks again at what it holds, since another run may have written it meanwhile.
+    Under torchrun every process learns whether process 0 got it, and all end if it did not."""
+    refused = None
+    if master_process:
+        try:
+            files.lock_folder(out, "--out", "choose another --out")
+            check_output(out, resume)
+        except SystemExit as e:
+            refused = e
+    if ddp:
+        flag = torch.tensor([float(refused is not None)])
+        if dist.get_backend() == "nccl":
+            flag = flag.cuda()
+        dist.all_reduce(flag)
+        if flag.item() and refused is None:
+            raise SystemExit(1)  # process 0 says why
+    if refused is not None:
+        raise refused
 
 
 def check_resumable(saved, meta, state):

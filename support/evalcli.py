@@ -272,8 +272,11 @@ def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_siz
                     dtype=scorer.dtype, padded_per_real_token=pad)
     command = " ".join(["python evaluate.py", *map(str, argv or sys.argv[1:])])
     data = kg.name if benchmark(kg.name) else files.project_path(kg.folder)  # a graph's folder
+    # which weights: the checkpoint's own (None for a base model zero-shot) and the base model's
+    checkpoint = info["identity"] if info["ckpt"] else None
     result = dict(command=command, data=data, model=info["model"], ckpt=info["ckpt"],
-                  weights_sha256=info["weights_sha256"], data_fingerprint=kg.fingerprint, **result,
+                  checkpoint_sha256=checkpoint, base_weights_sha256=info["weights_sha256"],
+                  data_fingerprint=kg.fingerprint, **result,
                   wall_s=round(time.time() - t0, 2), train=train_summary(meta), settings=settings)
     name = kg.name + (" (estimate)" if result["estimate"] else "")
     row = [name, info["model"], info["ckpt"] or "zero-shot"]

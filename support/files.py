@@ -1,6 +1,11 @@
 """Files, the ground floor every other module stands on: reading and writing them safely (one-line
 errors, atomic writes) and naming them relative to the project. Imports nothing of the project."""
-import hashlib, os, tempfile
+import fcntl
+import hashlib
+import os
+import socket
+import tempfile
+import time
 from pathlib import Path
 
 # the project: shipped adapters in ROOT/weights, paths in results relative to it
@@ -58,6 +63,58 @@ def check_writable(folder, what):
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         raise SystemExit(f"error: {what}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+HELD = {}  # folder -> its lock file, held open by this process (until release_folder)
+
+
+def lock_folder(folder, what, instead):
+    """Hold folder/.lock (an exclusive flock) until this process ends: a second process that asks
+    for the same folder is refused in one line naming the holder. The kernel frees a flock when its
+    process ends, however it ends (kill -9, a crash, a power cut), so a stale lock never blocks."""
+    folder = Path(folder).resolve()
+    if folder in HELD:  # this process's already: a run resumed in the same Python process
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    f = open(folder / ".lock", "a+")
+    refuse_if_held(f, folder, what, instead, fcntl.LOCK_EX)
+    f.seek(0)
+    f.truncate()
+    since = time.strftime("%Y-%m-%d %H:%M:%S")
+    f.write(f"process {os.getpid()} on {socket.gethostname()} (since {since})\n")
+    f.flush()
+    HELD[folder] = f
+
+
+def check_unlocked(folder, what, instead):
+    """lock_folder's refusal, asked before any work and writing nothing: is another process
+    holding folder/.lock now?"""
+    folder = Path(folder).resolve()
+    if folder in HELD or not (folder / ".lock").is_file():
+        return
+    with open(folder / ".lock") as f:
+        refuse_if_held(f, folder, what, instead, fcntl.LOCK_SH)
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def refuse_if_held(f, folder, what, instead, mode):
+    """flock(f, mode) without waiting; where another process holds it, close f and end in one line
+    naming the holder (the lock file's text)."""
+    try:
+        fcntl.flock(f, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise SystemExit(f"error: {folder} ({what}) is in use by {holder}: wait for it to end, "
+                         f"or {instead}") from None
+
+
+def release_folder(folder):
+    """Let go of lock_folder's lock (the file stays: removing it could race a new holder)."""
+    f = HELD.pop(Path(folder).resolve(), None)
+    if f is not None:
+        f.close()
 
 
 def project_path(path):

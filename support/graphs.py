@@ -113,15 +113,17 @@ def _read_texts(path, digest):
     return texts
 
 
-def _ids(texts, source, rows, cols):
+def _ids(texts, source, rows, cols, text_file):
     """(texts, (why an unknown id is an error, {id: index})): `texts` as read from `source`, or
-    where a graph of one's own lacks a text file (`texts` None, `source` the train file), every id
+    where a graph of one's own lacks its text file (`texts` None, `source` the train file), every id
     in `cols` of the train `rows` in first-seen order, its text with '_' as ' '."""
     why = f"has no text in {source}"
     if texts is None:
         ids = dict.fromkeys(row[c] for row in rows for c in cols)  # first-seen order
         texts = {i: i.replace("_", " ") for i in ids}
-        why = f"occurs nowhere in {source}"
+        # not taken as new: a typo would become one; with text PALT scores it all the same
+        why = (f"occurs nowhere in {source}; PALT scores what train never names by its text: list "
+               f"every one with its text in {text_file} (id<TAB>text a line)")
     return texts, (why, {key: i for i, key in enumerate(texts)})
 
 
@@ -261,8 +263,9 @@ def load_kg(spec, data_dir=None, text="name"):
         if path is not None:
             ncols = 4 if task == "tc" and s != "train" else 3
             rows[s] = _read_rows(path, digest, ncols)
-    ent, ents = _ids(ent, file or paths["train"].name, rows["train"][0], (0, 2))
-    rel, rels = _ids(rel, rel_file or paths["train"].name, rows["train"][0], (1,))
+    ent, ents = _ids(ent, file or paths["train"].name, rows["train"][0], (0, 2), "entity2text.txt")
+    rel, rels = _ids(rel, rel_file or paths["train"].name, rows["train"][0], (1,),
+                     "relation2text.txt")
     splits = {}
     for s, path in paths.items():  # a split a graph of one's own lacks: no rows
         labelled = task == "tc" and s != "train"

@@ -88,7 +88,7 @@ def test_the_stratified_rank_estimate_is_unbiased(ranked):
     root, kg, _ = ranked
     tri, near = np.arange(len(kg.dev)), np.zeros((len(kg.entities), 0), dtype=np.int64)  # strat 0: no hard ones
     score = FnScorer(lambda t: ((t[:, 0] * 7 + t[:, 2] * 5) % 11).astype(np.float32))
-    exact_mrr, exact_mr = module.stratified(score, kg, tri, 0, near, 10 ** 6)
+    exact_mrr, exact_mr, _ = module.stratified(score, kg, tri, 0, near, 10 ** 6)
     mr = np.mean([module.stratified(score, kg, tri, seed, near, 3)[1] for seed in range(300)])
     assert exact_mr > 3 and mr == pytest.approx(exact_mr, rel=0.03)
     typed = np.mean([module.stratified(score, kg, tri, seed, near, 3, "dev", 2)[1] for seed in range(300)])

@@ -168,10 +168,16 @@ def test_the_stratified_estimate_is_the_exact_rank_when_it_draws_everything_and_
     exact = {(int(r[0]), int(r[1])): (r[2] + r[3]) / 2 for r in rows}
     want = np.array([exact[i, side] for i in tri for side in (0, 1)])
     for near in (np.zeros((len(kg.entities), 0), np.int64), np.random.default_rng(0).integers(0, 10, (10, 2))):
-        ranks, scored = bigrank.stratified_ranks(score, lpq, tri, 0, near, 100)
+        ranks, expected, scored = bigrank.stratified_ranks(score, lpq, tri, 0, near, 100)
         assert np.array_equal(ranks, want) and scored <= len(lpq.candidates)
-        mean = np.mean([bigrank.stratified_ranks(score, lpq, tri, s, near, 2)[0] for s in range(400)], 0)
-        assert np.allclose(mean, want, atol=0.25) and want.max() > 2
+        # every candidate drawn: the expectations are the exact figures
+        assert np.allclose(expected["mrr"], 1 / want) and np.array_equal(expected["hits@3"], want <= 3)
+        runs = [bigrank.stratified_ranks(score, lpq, tri, s, near, 2) for s in range(400)]
+        assert np.allclose(np.mean([r for r, _, _ in runs], 0), want, atol=0.25) and want.max() > 2  # unbiased
+        # 1 / the estimated rank runs high (a query whose draws miss its rivals reads as rank 1); the expected
+        # reciprocal rank comes closer to the exact MRR
+        plug_in, posterior = np.mean([np.mean(1 / r) for r, _, _ in runs]), np.mean([e["mrr"].mean() for _, e, _ in runs])
+        assert abs(posterior - np.mean(1 / want)) < abs(plug_in - np.mean(1 / want))
 
 # ----------------------------------------------------------------------------- the command line, end to end
 
@@ -891,6 +897,44 @@ def test_the_python_api_refuses_in_one_line(trained, lp_root, tmp_path):
         api.predict(head="apple", relation="part of", tail="stone")
     with pytest.raises(ValueError, match="^no relation 'eats'"):
         api.predict(head="apple", relation="eats")
+
+
+def test_the_python_api_ranks_the_splits_a_folder_names(trained, lp_root, tmp_path):
+    """rank(split=) takes train, test and dev or valid (one split, whichever file the folder has); any other name is a
+    ValueError naming the splits the graph has."""
+    ckpt, *_ = trained
+    api = evaluate.load(ckpt, data_dir=lp_root, dtype="fp32")
+    assert api.rank("valid", limit=2) == api.rank("dev", limit=2)
+    assert api.rank("train", limit=2)["mrr"] > 0
+    with pytest.raises(ValueError, match=rf"^split 'validation': {re.escape(str(lp_root / 'umls'))} has train, dev, test$"):
+        api.rank("validation")
+
+
+def test_two_rankings_never_write_one_state(trained, lp_root, tmp_path):
+    """evaluate.py --lp --limit keeps its ranks in OUT.state: while another process holds that state (a ranking under
+    way), a second is refused in one line naming the holder, writing nothing; once the holder is gone (however it
+    ended), the state is free."""
+    ckpt, *_ = trained
+    out = tmp_path / "r.json"
+    argv = ["--lp", "--data-dir", lp_root, "--ckpt", ckpt, "--limit", 3, "--dtype", "fp32", "--out", out]
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from support import files; "
+                               f"files.lock_folder({str(tmp_path / 'r.state')!r}, 'x', 'y'); print('held', flush=True); "
+                               "sys.stdin.read()"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        before = tree(tmp_path)
+        one_line_error(argv, rf"^error: {re.escape(str(tmp_path / 'r.state'))} \(a ranking state\) is in use by process "
+                             rf"{holder.pid} on \S+ \(since [\d-]+ [\d:]+\): wait for it to end, or give another --out$")
+        assert tree(tmp_path) == before and not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    evaluate.main([str(a) for a in argv])
+    got = json.loads(out.read_text())
+    assert got["counts"]["ranked_triples"] == 3
+    # which weights it measured, each by its own name: the checkpoint's and its base model's
+    meta = checkpoints.read_checkpoint(ckpt, tensors=False)[1]
+    assert got["checkpoint_sha256"] == files.sha256_file(ckpt) and got["base_weights_sha256"] == meta["weights_sha256"]
 
 
 def test_a_random_scorers_mrr_is_what_random_mrr_says(lp_root):

@@ -86,7 +86,10 @@ def test_a_folder_without_train_says_which_names_are_accepted(tmp_path):
 
 @pytest.mark.parametrize("files, where, what", [
     ({"train.txt": "a\tr\tb\n", "valid.txt": "a\tr\tb\nb\tr\n"}, "valid.txt:2:", "3 tab-separated columns, got 2"),
-    ({"train.txt": "a\tr\tb\n", "test.txt": "a\tr\tzz\n"}, "test.txt:1:", "entity 'zz' occurs nowhere in train.txt"),
+    ({"train.txt": "a\tr\tb\n", "test.txt": "a\tr\tzz\n"}, "test.txt:1:", "entity 'zz' occurs nowhere in train.txt; PALT "
+     "scores what train never names by its text: list every one with its text in entity2text.txt (id<TAB>text a line)"),
+    ({"train.txt": "a\tr\tb\n", "test.txt": "a\tq\tb\n"}, "test.txt:1:", "relation 'q' occurs nowhere in train.txt; PALT "
+     "scores what train never names by its text: list every one with its text in relation2text.txt"),
     ({"train.txt": "a\tr\tb\n\n", "dev.txt": "\n"}, "dev.txt:1:", "empty file"),
     ({"train.tsv": "a\tr\tb\n", "valid.tsv": "a\tr\tb\t1\nb\tr\ta\tyes\n"}, "valid.tsv:2:", "label must be 1 or -1"),
 ])
@@ -95,6 +98,18 @@ def test_errors_name_the_file_as_spelled(tmp_path, files, where, what):
     with pytest.raises(DataError) as e:
         load_kg(own)
     assert f"own/{where}" in str(e.value) and what in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_entity_and_relation_train_never_names_load_once_they_have_text(tmp_path):
+    """The way out the refusal names: with entity2text.txt and relation2text.txt listing them, test triples about an
+    entity and a relation that train never names load, each scored by its text (accented and CJK names too)."""
+    own = folder(tmp_path / "own", {"train.txt": "a\tr\tb\n", "test.txt": "a\tpartnerstadt_von\tkyōto\n",
+                                    "entity2text.txt": "a\tBerlin\nb\tGermany\nkyōto\t京都\n",
+                                    "relation2text.txt": "r\tcapital of\npartnerstadt_von\tPartnerstadt von\n"})
+    kg = load_kg(own)
+    h, r, t = kg.test[0]
+    assert (kg.ent_text[h], kg.rel_text[r], kg.ent_text[t]) == ("Berlin", "Partnerstadt von", "京都")
+    assert t not in kg.train[:, [0, 2]] and r not in kg.train[:, 1]
 
 
 # ----------------------------------------------------------------------------- repeated lines

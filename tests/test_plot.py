@@ -159,6 +159,18 @@ def test_the_parser_reads_what_train_py_writes():
     assert steps == [20, 40, 60, 60, 80] and losses[2] != losses[2]  # a NaN breaks the line
 
 
+def test_a_big_graphs_estimate_reads_as_a_signal_not_an_mrr():
+    """Since 2026-11-29 a stratified dev estimate logs MR and a signal (1 / the estimated rank, ~2x the MRR), no MRR:
+    the curve plots the signal under its own name."""
+    log = ("epoch 1/1 step 20/20 loss 0.7000 lr 1e-4\n"
+           "dev after epoch 1: signal 0.2464, MR 504.73 on 50 dev triples (stratified estimate, 170 candidates scored a "
+           "query: MR unbiased; the signal, the mean of 1 / an estimated rank, orders checkpoints as the exact MRR does "
+           "but runs ~2x it: not an MRR) (best so far)\n")
+    (d,) = plot.parse_log(log, "fb").dev
+    assert d == {"step": 20, "epoch": 1.0, "mr": 504.73, "signal": 0.2464, "metric": "signal", "value": 0.2464,
+                 "kind": "estimate"}
+
+
 def test_accuracy_logs_and_a_new_run_appended_to_an_old_log():
     log = ("epoch 1/1 step 20/40 loss 0.7000 lr 1e-4\n"
            "epoch 1/1 step 40/40 loss 0.6000 lr 1e-4\n"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import bert, data, evaluate
-from support import bigrank, checkpoints, devices, evalcli, graphs
+from support import bigrank, checkpoints, devices, evalcli, files, graphs
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTERS = {name: ROOT / "weights" / f"palt-{name}-minilm.safetensors"
@@ -27,6 +27,10 @@ def shipped(name):
     assert kg.fingerprint == meta["data_fingerprint"]  # trained on these very files
     result = json.loads(result.read_text())
     assert result["train"] == evalcli.train_summary(meta) and meta["dev"]  # the JSON evaluates this training run
+    # ... and names this very file by its sha256 (bench/rescore.py re-ranked some of its triples), as weights/README does
+    sha = files.sha256_file(path)
+    assert result["checkpoint_sha256"] == sha, f"{name}: python bench/rescore.py {path} results/palt-{name}-minilm.json"
+    assert f"| `{path.name}` (shipped) | `{sha}` |" in (ROOT / "weights" / "README.md").read_text()
     return model.eval(), meta, data.encode(kg, loaded.tokenizer), kg, result
 
 

@@ -334,7 +334,9 @@ def test_hard_negatives_and_a_stratified_dev_estimate(setup, tmp_path, capsys, m
     train.main(train.parse_args(args(setup, tmp_path, "--epochs", "1", "--hard-negatives", "0.5", "--dev-near", "3",
                                      "--dev-sample", "2", "--dtype", "fp32")))
     out = capsys.readouterr().out
-    assert "nearest 32 entities of each entity by the frozen encoder" in out and "dev after epoch 1: mrr" in out
+    assert "nearest 32 entities of each entity by the frozen encoder" in out and "dev after epoch 1: signal" in out
+    dev = [line for line in out.splitlines() if line.startswith("dev after epoch 1")][0]
+    assert " MR " in dev and "mrr" not in dev and dev.endswith("runs ~2x it: not an MRR) (best so far)")  # no MRR
     assert got["near"].shape[1] == 3
     dev = [line for line in out.splitlines() if line.startswith("dev after epoch 1")][0]
     scored = int(dev.split("(stratified estimate, ")[1].split()[0])  # the answer, <= 1 + 2 x 3 hard ones, 2 draws
@@ -373,3 +375,69 @@ def test_a_dev_point_within_noise_of_a_random_scorer_says_so(setup, tmp_path):
                          "nothing learned yet, or text that carries nothing (README, Your own graph)")
     assert devmetric.chance_note(mean + 2.5 * sd, mean, sd, "MRR") == ""  # beyond 2 sd: no note
     assert devmetric.chance_note(mean + 1.5 * sd, mean, sd, "MRR").startswith("; within noise")
+
+
+# ----------------------------------------------------------------------------- one run a folder
+def popen_train(setup, out, *extra):
+    """train.py as a user starts it, in the background, its output read line by line."""
+    return subprocess.Popen([sys.executable, "train.py", *args(setup, out, "--epochs", "2000", "--dtype", "fp32", *extra)],
+                            cwd=ROOT, env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(proc, *prefixes):
+    """Read proc's output until a line starting with one of the prefixes (returned)."""
+    for line in proc.stdout:
+        if line.startswith(prefixes):
+            return line
+    raise AssertionError(f"no line {prefixes!r}: {proc.stderr.read()[-2000:]}")
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_runs_on(setup, tmp_path):
+    """Two runs typed into one --out (another terminal, a scheduler's retry): the second is refused in one line naming
+    the folder and the process holding it, with or without --resume, and writes nothing there; the first trains on,
+    stops on Ctrl-C with its own files whole."""
+    out = tmp_path / "run"
+    first = popen_train(setup, out)
+    try:
+        wait_for(first, "epoch 1/2000 step 3/")
+        for extra in ((), ("--resume",)):
+            second = run([sys.executable, "train.py", *args(setup, out, "--epochs", "2000", "--dtype", "fp32", *extra)],
+                         OMP_NUM_THREADS="1")
+            assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr[-2000:]
+            assert re.fullmatch(rf"error: {re.escape(str(out))} \(--out\) is in use by process {first.pid} on \S+ "
+                                r"\(since [\d-]+ [\d:]+\): wait for it to end, or choose another --out\n", second.stderr)
+        first.send_signal(signal.SIGINT)
+        rest = first.communicate(timeout=120)[0]
+    finally:
+        first.kill()
+    assert first.returncode == 0 and "stopped at step" in rest, rest[-1000:]
+    step = int(re.search(r"stopped at step (\d+)", rest).group(1))
+    log = (out / "log.txt").read_text()
+    assert log.count("epoch 1/2000 step 1/") == 1 and "resumed" not in log  # the second wrote no line
+    saved = checkpoints.read_checkpoint(out / "state.safetensors", kind="train-state", tensors=False)[1]
+    assert int(saved["step"]) == step and len(load_file(out / "ckpt.safetensors"))
+
+
+def test_a_lock_left_by_a_killed_run_does_not_block_its_resume(setup, tmp_path):
+    """kill -9 (or a power cut) leaves out/.lock naming a process that is gone: the kernel dropped its lock, so
+    --resume continues the run."""
+    out = tmp_path / "run"
+    killed = popen_train(setup, out, "--dev-every", "2")
+    try:
+        wait_for(killed, "epoch 1/2000 step 3/")  # after the dev point at step 2 saved the resume state
+        killed.kill()  # SIGKILL: no handler runs
+        killed.wait(timeout=60)
+    finally:
+        killed.kill()
+    assert f"process {killed.pid} " in (out / ".lock").read_text()
+    resumed = popen_train(setup, out, "--dev-every", "2", "--resume")
+    try:
+        line = wait_for(resumed, "resumed from", "--resume:")
+        assert line.startswith(f"resumed from {out}/state.safetensors: epoch 0, step "), line
+        resumed.send_signal(signal.SIGINT)
+        rest = resumed.communicate(timeout=120)[0]
+    finally:
+        resumed.kill()
+    assert resumed.returncode == 0 and "stopped at step" in rest, rest[-1000:]
+    assert f"process {resumed.pid} " in (out / ".lock").read_text()
