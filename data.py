@@ -7,7 +7,6 @@ import torch
 from tokenizers import Tokenizer
 
 
-
 class DataError(ValueError):
     """Bad or missing data; the message is one line, 'path:line: what is wrong'."""
 

@@ -35,12 +35,12 @@ from support.files import release_folder
 from support.graphs import DataError, load_kg
 from support.near import entity_embeddings, nearest_entities
 
-# PRESETS[recipe][data] fills every setting a run leaves open (None: not set). paper: the paper's
-# appendix (BERT-base on GPUs; umls and 'own', a graph of one's own: our choice). cpu: ours for
-# MiniLM on a few CPU cores. gpu: the cpu recipe compiled, and on the big graphs
-# the paper's 10 epochs, a dev point every 2,500 steps and their own negatives (self-negatives;
-# FB15k-237 5+5+5, WN18RR hard ones). A big graph's dev MRR is estimated: the dev_near
-# nearest entities scored, dev_sample drawn (RESULTS.md).
+# PRESETS[recipe][data] fills every setting a run leaves open (None: not set); no recipe sets the
+# model (--model, MiniLM by default). paper: the paper's appendix (BERT-base on GPUs; umls and
+# 'own', a graph of one's own: our choice). cpu: ours for MiniLM on a few CPU cores. gpu: the cpu
+# recipe compiled, and on the big graphs the paper's 10 epochs, a dev point every 2,500 steps and
+# their own negatives (self-negatives; FB15k-237 5+5+5, WN18RR hard ones). A big graph's dev ranks
+# are estimated: the dev_near nearest entities scored, dev_sample drawn (RESULTS.md).
 COLUMNS = ("lr", "batch", "prompts", "negatives", "epochs", "dev_limit", "dev_sample", "dev_every",
            "dev_near", "hard_negatives", "compile")
 _ = None  # not set: the flag's default
@@ -236,8 +236,8 @@ class Meter:
 
 
 def stop_requested(step, every, ddp):
-    """Whether to stop after this step: a signal arrived (STOP). Under DDP the ranks agree at logged
-    steps only (one all-reduce there), so that every rank stops after the same step."""
+    """Whether to stop after this step: a signal arrived (STOP). Under DDP the processes agree at
+    logged steps only (one all-reduce there), so that every process stops after the same step."""
     if not ddp:
         return bool(STOP)
     if step % every:
@@ -246,7 +246,7 @@ def stop_requested(step, every, ddp):
     flag = torch.tensor([float(bool(STOP))], device=device)
     dist.all_reduce(flag)
     if flag.item() and not STOP:
-        STOP.append("a signal to another rank")
+        STOP.append("a signal to another process")
     return bool(flag.item())
 
 
@@ -262,7 +262,7 @@ def save_stopped(tr):
 def dev_point(tr, epoch, names):
     """Process 0's dev point at `epoch` (mid-epoch: a fraction) into the history and the log, then
     the saves `names`; at an epoch's end (ckpt among them) also best.safetensors, if dev is the best
-    so far. The other ranks wait."""
+    so far. The other processes wait."""
     if tr.ddp_rank == 0:
         history, end = tr.history, "ckpt" in names
         if len(tr.kg.dev):  # a graph of one's own may lack a dev split
@@ -279,9 +279,7 @@ def dev_point(tr, epoch, names):
             plot.write_curve(tr.out)  # curve.png beside log.txt, where matplotlib is installed
         save_run(tr.out, tr.model, tr.opt, tr.params, tr.meta | history, names)
     if tr.ddp:
-        dist.barrier()  # the other ranks wait for rank 0's dev evaluation and saves
-
-
+        dist.barrier()  # the other processes wait for process 0's dev evaluation and saves
 
 
 # ----------------------------------------------------------------------------- the set-up

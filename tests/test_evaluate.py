@@ -794,7 +794,8 @@ def test_a_failed_save_keeps_the_previous_file_and_says_where_to_resume(lp_root,
         one_line_error(common + ["--stop-after-queries", 1], f"cannot save the ranking state {re.escape(str(f))} "
                        r"\(No space left on device\); the previous save is kept: make room, and the same command "
                        f"resumes from {re.escape(str(f.parent))}$")
-    assert f.read_bytes() == saved and sorted(p.name for p in f.parent.iterdir()) == [f.name, "settings.json"]  # no .tmp
+    # no .tmp (the .lock of the state's last ranking stays: lock_folder)
+    assert f.read_bytes() == saved and sorted(p.name for p in f.parent.iterdir()) == [".lock", f.name, "settings.json"]
 
     out.write_text("older results\n")
     real_replace = os.replace
