@@ -383,7 +383,7 @@ def setup(run):
     ddp_model = model
     if ddp:  # each process's gradients averaged in backward
         ddp_model = DDP(model, device_ids=[ddp_local_rank] if cuda else None)
-    claim_output(out, run.resume, master_process, ddp)  # a second run into --out is refused here
+    claim_output(out, run.resume, resumed, master_process, ddp)  # a second run into --out: refused
     history = restore(resumed, state, model, opt, params)
     log0 = open_log(out, print0) if master_process else print0
     if run.resume:  # in the log too: a resumed run's log shows where it stopped and continued

@@ -135,15 +135,17 @@ def check_output(out, resume):
     return read_checkpoint(state, kind="train-state", tensors=False)[1]
 
 
-def claim_output(out, resume, master_process, ddp):
+def claim_output(out, resume, seen, master_process, ddp):
     """One run a folder: process 0 locks --out (files.lock_folder) before anything is written
-    there, then looks again at what it holds, since another run may have written it meanwhile.
-    Under torchrun every process learns whether process 0 got it, and all end if it did not."""
+    there, then looks again at what it holds: another run may have written it since check_output
+    saw `seen`. Under torchrun every process learns whether process 0 got it; all end if not."""
     refused = None
     if master_process:
         try:
             files.lock_folder(out, "--out", "choose another --out")
-            check_output(out, resume)
+            if check_output(out, resume) != seen:
+                raise SystemExit(f"error: another run wrote {out} while this one loaded; nothing "
+                                 "was changed: run the command again")
         except SystemExit as e:
             refused = e
     if ddp:
