@@ -57,7 +57,7 @@ def stratified(scorer, kg, tri, seed, near, draws, split="dev", range_draws=0):
     ranges = {(side, r): np.unique(kg.train[kg.train[:, 1] == r, col])  # entities training puts on that side of r
               for side, col in ((0, 0), (1, 2)) for r in np.unique(kg.train[:, 1])} if range_draws else {}
     middle = (lambda side, r: (ranges.get((side, r), np.zeros(0, np.int64)), range_draws)) if range_draws else None
-    ranks, expected, _ = bigrank.stratified_ranks(scorer, evaluate.lp_queries(kg, split), tri, seed, near, draws, middle)
+    ranks, expected, _ = bigrank.stratified_ranks(scorer, evaluate.lp_queries(kg, split), tri, seed, near, draws, middle, posterior=1000)
     return float(expected["mrr"].mean()), float(np.mean(ranks)), float(np.mean(1 / ranks))
 
 

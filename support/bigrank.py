@@ -140,7 +140,7 @@ def select(T, limit, seed, ordered=False):
     return first if ordered else np.sort(first)
 
 
-def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None, posterior=1000,
+def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None, posterior=0,
                      ks=(1, 3, 10)):
     """(ranks, expected, candidates scored a query): estimates of the filtered realistic ranks of
     `tri` as head and tail against every candidate, and expected {"mrr": E[1 / rank], "hits@k":
@@ -150,8 +150,8 @@ def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None, posterior
     count for (stratum)/(draws) each: the rank is unbiased (so MR is). 1 / that rank is not (a query
     whose draws miss its few rivals reads as rank 1), nor are its Hits: both are expectations over
     the rivals a stratum may hold, b of its k draws better giving p ~ Beta(b + 1/2, k - b + 1/2) and
-    a Binomial count of its n - k undrawn, `posterior` seeded draws (bench/devsignal.py holds the
-    MRR to exact dev ranks)."""
+    a Binomial count of its n - k undrawn, `posterior` seeded draws (0, the dev point's: None;
+    bench/devsignal.py asks for them and holds the MRR to exact dev ranks)."""
     rng, cand, batch, parts = np.random.default_rng(seed), lpq.candidates, [], []
     # side 0 asks (?, r, e), side 1 (e, r, ?)
     for i, side in ((i, side) for i in tri for side in (0, 1)):
@@ -180,6 +180,8 @@ def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None, posterior
         beats, ends = (s[1:] > s[0]) + 0.5 * (s[1:] == s[0]), np.cumsum([k for k, _ in part])
         better = [beats[end - k:end].sum() for (k, _), end in zip(part, ends)]
         ranks.append(1 + sum(b * n / max(1, k) for b, (k, n) in zip(better, part)))
+        if not posterior:  # the dev point's case: the ranks alone
+            continue
         rivals = np.ones(posterior)  # 1 + the rivals, in `posterior` draws
         for b, (k, n) in zip(better, part):
             if k == n:  # scored whole: counted as it is
@@ -189,7 +191,7 @@ def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None, posterior
                 rivals += b + post.binomial(n - k, p)  # the k drawn, then the n - k not drawn
         expected.append([np.mean(1 / rivals), *(np.mean(rivals <= k) for k in ks)])
     expected = np.array(expected).reshape(-1, 1 + len(ks)).T  # (1 + len(ks), queries)
-    expected = dict(zip(["mrr", *(f"hits@{k}" for k in ks)], expected))
+    expected = dict(zip(["mrr", *(f"hits@{k}" for k in ks)], expected)) if posterior else None
     return np.array(ranks), expected, round(len(scores) / max(1, len(parts)))
 
 

@@ -168,11 +168,11 @@ def test_the_stratified_estimate_is_the_exact_rank_when_it_draws_everything_and_
     exact = {(int(r[0]), int(r[1])): (r[2] + r[3]) / 2 for r in rows}
     want = np.array([exact[i, side] for i in tri for side in (0, 1)])
     for near in (np.zeros((len(kg.entities), 0), np.int64), np.random.default_rng(0).integers(0, 10, (10, 2))):
-        ranks, expected, scored = bigrank.stratified_ranks(score, lpq, tri, 0, near, 100)
+        ranks, expected, scored = bigrank.stratified_ranks(score, lpq, tri, 0, near, 100, posterior=1000)
         assert np.array_equal(ranks, want) and scored <= len(lpq.candidates)
         # every candidate drawn: the expectations are the exact figures
         assert np.allclose(expected["mrr"], 1 / want) and np.array_equal(expected["hits@3"], want <= 3)
-        runs = [bigrank.stratified_ranks(score, lpq, tri, s, near, 2) for s in range(400)]
+        runs = [bigrank.stratified_ranks(score, lpq, tri, s, near, 2, posterior=1000) for s in range(400)]
         assert np.allclose(np.mean([r for r, _, _ in runs], 0), want, atol=0.25) and want.max() > 2  # unbiased
         # 1 / the estimated rank runs high (a query whose draws miss its rivals reads as rank 1); the expected
         # reciprocal rank comes closer to the exact MRR
