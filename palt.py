@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from bert import sdpa_mask
 from support.hub import load_bert
@@ -82,8 +83,10 @@ class PALT(nn.Module):
             P = self.prompts  # (n_prompts, H)
             if self.prompt_mlp is not None:
                 P = self.prompt_mlp(P)
-            # the prompt slots (prompt_index k >= 0) take the k-th prompt vector: one select
-            x = torch.where(prompt_index[..., None] >= 0, P[prompt_index.clamp(min=0)], x)
+            # the prompt slots (prompt_index k >= 0) take the k-th prompt vector: one select. A
+            # lookup, as F.embedding: its backward is ~5x faster on a CPU than P[index]'s
+            P_at = F.embedding(prompt_index.clamp(min=0), P)  # (B, L, H)
+            x = torch.where(prompt_index[..., None] >= 0, P_at, x)
         if self.W_p is not None:
             x = x + self.W_p(x)  # Eq. 1, on every input embedding: prompts and text tokens
         h = bert.embeddings(inputs_embeds=x, token_type_ids=token_type_ids)

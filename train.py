@@ -99,8 +99,9 @@ def adamw(model, params, run, device):
         scale = (run.head_lr or run.lr) / run.lr if is_head else 1.0
         param_groups.append({"params": ps, "weight_decay": run.weight_decay if decays else 0.0,
                              "lr_scale": scale})
+    # fused: one kernel over all the tensors, on a GPU and on a CPU alike
     return torch.optim.AdamW(param_groups, lr=run.lr, betas=(0.9, 0.999), eps=1e-8,
-                             fused=device.type == "cuda")
+                             fused=device.type in ("cuda", "cpu"))
 
 
 def train_step(forward, opt, params, batch, n_pos, lr, grad_clip, dtype, device):

@@ -271,3 +271,60 @@ def test_nsp_head_runs_in_fp32_under_bf16_autocast(hf_model, tmp_path):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = model.eval()(ids, types, mask)
     assert out.nsp_logits.dtype == out.pooled.dtype == torch.float32
+
+
+def test_dropout_drops_at_rate_p_and_keeps_the_mean():
+    """bert.dropout's 16-bit masks: each element dropped with probability p (to 1/65536), the kept ones scaled so the
+    mean is kept; seeded by torch's generator; off in eval and at p = 0; every 16-bit lane of a draw as random."""
+    from bert import dropout
+    x = torch.ones(1000, 1003)  # an odd count: the last 64-bit draw is cut short
+    torch.manual_seed(0)
+    y = dropout(x, 0.1, True)
+    dropped = (y == 0).float()
+    assert abs(dropped.mean().item() - 0.1) < 0.002
+    assert abs(y.mean().item() - 1) < 0.003
+    assert torch.allclose(y[y != 0], torch.tensor(65536 / (65536 - 6554)))  # the inverse of the keep probability
+    for lane in range(4):  # four masks from each 64-bit draw: none biased (a sign bit left 0 would drop none)
+        assert abs(dropped.view(-1)[lane::4].mean().item() - 0.1) < 0.004, lane
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.1, True), y)
+    assert not torch.equal(dropout(x, 0.1, True), y)
+    assert dropout(x, 0.1, False) is x and dropout(x, 0.0, True) is x
+    xb = torch.ones(10, 10, dtype=torch.bfloat16, requires_grad=True)
+    yb = dropout(xb, 0.5, True)
+    yb.sum().backward()
+    assert yb.dtype == torch.bfloat16 and torch.equal(xb.grad, yb.detach())  # the gradient passes the same mask
+
+
+def test_attention_written_out_equals_sdpa():
+    """In CPU training bert.attend writes attention out to draw its dropout with bert.dropout: with nothing dropped it is
+    SDPA's attention, padded keys masked, forward and backward; with p > 0 it drops weights, not whole rows."""
+    from bert import attend, sdpa_mask
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 7, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = sdpa_mask(torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5]))
+    written = attend(q, k, v, mask, 1e-9)  # p rounds to 0 of 65536: the written-out path, nothing dropped
+    grads = torch.autograd.grad(written.sum(), (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    assert torch.allclose(written, ref, atol=1e-12)
+    assert all(torch.allclose(g, r, atol=1e-12) for g, r in zip(grads, ref_grads))
+    torch.manual_seed(1)
+    ones = torch.ones(1, 1, 7, 1, dtype=torch.float64)
+    dropped = attend(q[:1, :1], k[:1, :1], ones, None, 0.5)  # each row: the kept weights' sum / 0.5
+    assert not torch.allclose(dropped, torch.ones_like(dropped))  # weights dropped ...
+    assert (dropped > 0).all()  # ... not whole rows, at 7 keys a row (all 7 dropped: 0.5^7 a row; seeded)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(hidden_act="relu"), "only hidden_act=gelu and absolute positions"),
+    (dict(hidden_dropout_prob=1.0), "a dropout probability must be below 1"),
+    (dict(attention_probs_dropout_prob=-0.1), "attention_probs_dropout_prob must be a non-negative number"),
+    (dict(num_attention_heads=5), "hidden_size 32 is not a multiple of num_attention_heads 5"),
+])
+def test_bad_configs_get_one_line(tmp_path, bad, message):
+    from bert import BertConfig
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_hf_config().to_dict() | bad))
+    with pytest.raises(CheckpointError, match=message):
+        BertConfig.from_json(path)
