@@ -444,6 +444,7 @@ def open_predictor(args, kg, device, dtype):
     model, tokenizer, info = evalcli.load_model(args, device)
     check_seq_length(info["max_seq_length"], sum(info["prompts"]),
                      model.bert.config.max_position_embeddings, info["model"])
+    palt.hold_frozen_linears(model, dtype)  # a Predictor keeps its dtype: cast once, not per batch
     scorer = Scorer(model, encode(kg, tokenizer), info["prompts"], info["max_seq_length"],
                     device, dtype, args.tokens, args.compile)
     return Predictor(scorer, kg, tokenizer, info)

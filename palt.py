@@ -121,6 +121,18 @@ def param_report(model):
     return {"tunable": tunable, "total": total, "percent": 100 * tunable / total, "parts": parts}
 
 
+def hold_frozen_linears(model, dtype):
+    """Under 'bf16', the encoder's frozen linear layers held in bf16. bf16 autocast recasts a frozen
+    weight at every call (it caches only weights that train: ~60 cast kernels a training step on a
+    GPU, every weight again for every scoring batch); cast once instead, to the same values, the
+    results are bit-identical. The NSP head stays as it is: it runs in fp32."""
+    if dtype != "bf16":
+        return
+    for m in model.bert.layers.modules():
+        if isinstance(m, nn.Linear) and not any(p.requires_grad for p in m.parameters()):
+            m.to(torch.bfloat16)
+
+
 def build_palt(model_name_or_path, cfg: PaltConfig):
     """(PALT on a freshly loaded base model, the LoadedBert)."""
     loaded = load_bert(model_name_or_path)

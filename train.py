@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import plot
 from bert import CheckpointError, autocast
 from data import NegativeSampler, build_batch, encode, seq_lengths, to_device
-from palt import ConfigError, PaltConfig, build_palt, param_report
+from palt import ConfigError, PaltConfig, build_palt, hold_frozen_linears, param_report
 from support import flags
 from support.checkpoints import (check_output, check_resumable, claim_output, open_log, palt_meta,
                                  restore, save_run)
@@ -329,13 +329,7 @@ def build(run, dtype, device):
                 palt=palt_meta(model), run=json.dumps(record), tunable=report["tunable"],
                 total=report["total"], negative_filter="train")  # corruptions redrawn when in train
     model.to(device)
-    # bf16 autocast recasts a frozen weight at every call (it caches only weights that train: ~60
-    # cast kernels a step on a GPU): the encoder's frozen linears are cast once instead, to the same
-    # values, so the steps are bit-identical. The NSP head stays as it is: it runs in fp32.
-    if dtype == "bf16":
-        for m in model.bert.layers.modules():
-            if isinstance(m, torch.nn.Linear) and not any(p.requires_grad for p in m.parameters()):
-                m.to(torch.bfloat16)
+    hold_frozen_linears(model, dtype)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     return model, kg, encode(kg, loaded.tokenizer), meta, params, adamw(model, params, run, device)
 

@@ -15,6 +15,8 @@ beside it), best of --repeat rounds of --steps steps each:
     python bench/bench_train.py --data wn11 --steps 4 --repeat 2
     python bench/bench_train.py --padding --data umls,wn11,fb13     # padded/real tokens of an epoch, no timing
     python bench/bench_train.py --recipes cpu,gpu --data wn18rr      # train.py's step by recipe (a GPU's figure)
+    python bench/bench_train.py --data umls --recipes cpu:today,cpu [--dtype fp32]   # the CPU step before 2026-11-29
+                                                                     # against today's, alternating, share of peak
     python bench/bench_train.py --recipes gpu,gpu@128,gpu:cudagraphs --data wn18rr   # ... at batch 128, as CUDA graphs
 """
 import argparse, contextlib, os, sys, time, warnings
@@ -183,7 +185,8 @@ def recipe_speed(name, recipes, args, device):
     padded length), not each launched; or today: the step before 2026-11-29's CPU work (step_as), eager.
     RECIPE[:MODE]@N the batch (N positives a step: a larger batch's speed, before the UMLS gate rules on it)."""
     import bench_eval  # the peak: a GPU's spec, else a measured matmul
-    print(f"\n{name}: train.py's step by recipe ('{devices.resolve_dtype('auto', device)}' dtype), best of {args.repeat}")
+    dtype_flag = getattr(args, "dtype", None) or "auto"
+    print(f"\n{name}: train.py's step by recipe ('{devices.resolve_dtype(dtype_flag, device)}' dtype), best of {args.repeat}")
     print(f"{'recipe':18} {'batch':>5} {'seq/step':>8} {'compiled':>8} {'seq/s':>8} {'real tok/s':>11} "
           f"{'TFLOP/s':>8} {'share of peak':>13}")
     plans = []
@@ -193,7 +196,8 @@ def recipe_speed(name, recipes, args, device):
         if name_mode[1:] == ["cudagraphs"] and device.type != "cuda":
             continue  # CUDA graphs exist on a GPU only
         run = train.parse_args(["--data", name, "--recipe", name_mode[0], "--out", "/nonexistent", "--data-dir",
-                                args.data_dir or os.environ.get("PALT_DATA", "data")] + ["--batch", batch] * bool(batch))
+                                args.data_dir or os.environ.get("PALT_DATA", "data")] + ["--batch", batch] * bool(batch)
+                               + ["--dtype", getattr(args, "dtype", None) or "auto"])
         mode = name_mode[1] if name_mode[1:] else "compile" if run.compile else "eager"
         dtype = devices.resolve_dtype(run.dtype, device)
         model, kg, enc, _, params, opt = train.build(run, dtype, device)
@@ -307,6 +311,7 @@ def main():
                     "negatives, prompts and compile; on a GPU the RESULTS.md step-speed figure), on --data (default wn18rr)")
     ap.add_argument("--attention", type=lambda s: [int(x) for x in s.split(",")], help="--recipes: also time one "
                     "layer's attention under each SDPA backend at these padded lengths, e.g. 48,64,96")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], help="--recipes: train.py's --dtype (default auto)")
     ap.add_argument("--profile", action="store_true", help="--recipes: also a torch.profiler table of each recipe's steps")
     ap.add_argument("--padding", action="store_true", help="only the padding of one epoch, shuffled vs bucketed "
                     "(no timing; fast, so fb13 too: --data umls,wn11,fb13)")

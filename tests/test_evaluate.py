@@ -887,6 +887,19 @@ def test_the_python_api_gives_what_the_command_line_gives(trained, lp_root, tmp_
         np.testing.assert_allclose([s for _, s in top], [float(r[4]) for r in rows], atol=1e-5)
 
 
+def test_a_bf16_predictor_holds_its_frozen_linears_in_bf16_and_scores_bit_identically(trained, lp_root):
+    """Under bf16 a Predictor casts the encoder's frozen linears once (autocast would cast them at every batch): the
+    scores are those of the fp32-held weights under bf16 autocast, bit for bit; what PALT trained stays fp32."""
+    ckpt, model, kg, enc = trained
+    api = evaluate.load(ckpt, data_dir=lp_root, dtype="bf16")
+    held = api.scorer.model
+    assert {p.dtype for n, p in held.named_parameters() if ".layers." in n and ".ln" not in n} == {torch.bfloat16}
+    assert {p.dtype for n, p in held.named_parameters() if not n.startswith("bert.")} == {torch.float32}
+    triples = np.array([(h, r, t) for h in range(6) for r in range(2) for t in range(6)])
+    want = evaluate.Scorer(model, enc, (2, 1, 1), 12, dtype="bf16").numpy(triples)  # fp32 weights, autocast
+    assert np.array_equal(api.scorer.numpy(triples), want)
+
+
 def test_the_python_api_refuses_in_one_line(trained, lp_root, tmp_path):
     ckpt, *_ = trained
     with pytest.raises(ValueError, match=f"{re.escape(str(tmp_path / 'none.safetensors'))}: no such checkpoint file or run folder$"):
