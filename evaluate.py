@@ -384,7 +384,10 @@ def triple_classification(args, scorer, kg, ddp_rank, world_size):
     metrics = dict(dev_accuracy=float(right["dev"].mean()),
                    test_accuracy=float(right["test"].mean()),
                    threshold=evalcli.jsonable(theta), per_relation_thresholds=args.per_relation,
-                   relation_thresholds=relation_thresholds or None, test_error_by_relation=table)
+                   relation_thresholds=relation_thresholds or None, test_error_by_relation=table,
+                   # each test triple right (1) or wrong (0), in the file's order, as packed bits in
+                   # hex: what bench/paired.py needs to compare two models on the same triples
+                   test_right=np.packbits(right["test"]).tobytes().hex())
     counts = dict(dev=len(kg.dev), test=len(kg.test))
     return dict(task="tc", estimate=False, counts=counts, metrics=metrics), None
 

@@ -1,4 +1,4 @@
-"""Paired comparison of two link-prediction rankings of the same (test or dev) triples: B - A per side, bootstrapped.
+"""Paired comparison of two models on the same test triples (link prediction or triple classification): B - A, bootstrapped.
 
     python bench/paired.py results/wn18rr-noself-lp.state results/palt-wn18rr-minilm.state
     python bench/paired.py results/wn18rr-1ep-lp.state results/palt-wn18rr-minilm.state --by-relation   # + per relation
@@ -8,6 +8,11 @@ optimistic/pessimistic, raw optimistic/pessimistic). Only the triples ranked on 
 bootstrap resamples those triples jointly (one index draw serves A and B and both sides), so the interval is that of
 the paired difference, far narrower than two independent intervals when the rankings agree on which triples are hard.
 --by-relation adds one row per relation of the compared triples (both sides; the graph read from $PALT_DATA).
+
+    python bench/paired.py results/wn11-minilm-3ep-trainneg.json results/wn11-ft-trainneg.json
+
+Two triple-classification results JSONs (evaluate.py --tc; `test_right` in their metrics): test accuracy, each model
+at its own threshold tuned on dev, B - A with the interval of a bootstrap over the test triples.
 """
 import argparse, json, os, sys
 from pathlib import Path
@@ -55,6 +60,38 @@ def paired(a, b, n_resamples=10000, seed=0):
     return out
 
 
+def rights(path):
+    """Each test triple right (True) or wrong, in the file's order, and the results JSON it came from."""
+    result = json.loads(Path(path).read_text())
+    m = result.get("metrics", {})
+    if result.get("task") != "tc" or "test_right" not in m:
+        raise SystemExit(f"error: {path}: not a triple-classification result with test_right (evaluate.py --tc "
+                         "writes it since 2026-11-29)")
+    bits = np.unpackbits(np.frombuffer(bytes.fromhex(m["test_right"]), dtype=np.uint8))
+    return bits[:result["counts"]["test"]].astype(bool), result
+
+
+def paired_accuracy(a, b, n_resamples=10000, seed=0):
+    """(A, B, B - A, [lo, hi]): test accuracy of two models on the same triples, bootstrapped jointly."""
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_resamples, len(a)))
+    d = b.astype(float) - a
+    lo, hi = np.percentile(d[idx].mean(1), [2.5, 97.5])
+    return float(a.mean()), float(b.mean()), float(d.mean()), [float(lo), float(hi)]
+
+
+def main_tc(args):
+    """B - A in test accuracy, each model at its own dev-tuned threshold."""
+    (a, ra), (b, rb) = rights(args.a), rights(args.b)
+    for k in ("data", "data_fingerprint", "counts"):
+        if ra.get(k) != rb.get(k):
+            raise SystemExit(f"error: the results differ in {k} ({ra.get(k)} vs {rb.get(k)}): not the same test triples")
+    va, vb, d, (lo, hi) = paired_accuracy(a, b, args.resamples)
+    print(f"B - A on {len(a)} test triples; 95% paired bootstrap ({args.resamples:,} resamples)")
+    print(f"A {args.a}\nB {args.b}\n| metric | A | B | B - A [95%] |\n|---|---|---|---|")
+    print(f"| accuracy | {100 * va:.2f} | {100 * vb:.2f} | {100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}] |")
+    print(f"right only by A: {int((a & ~b).sum())}, only by B: {int((b & ~a).sum())}, by both: {int((a & b).sum())}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a")
@@ -64,6 +101,8 @@ def main():
     ap.add_argument("--data-dir", default=os.environ.get("PALT_DATA"), help="with --by-relation (default $PALT_DATA, "
                     "else ../shared/data)")
     args = ap.parse_args()
+    if args.a.endswith(".json") and args.b.endswith(".json"):
+        return main_tc(args)
     (a, sa), (b, sb) = ranks(args.a), ranks(args.b)
     # the fingerprint covers the text files too: other entity texts (names vs descriptions) rank the same triples
     same_triples = ("data_fingerprint",) if sa.get("text") == sb.get("text") else ()

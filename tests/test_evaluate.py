@@ -605,6 +605,8 @@ def test_triple_classification(tiny_bert, tmp_path, capsys, device):
     theta, dev_acc = best_threshold(s_dev, kg.dev_labels)
     assert got["dev_accuracy"] == pytest.approx(dev_acc) and got["threshold"] == pytest.approx(theta)
     assert got["test_accuracy"] == pytest.approx(np.mean((s_test > theta) == kg.test_labels))
+    right = np.unpackbits(np.frombuffer(bytes.fromhex(got["test_right"]), dtype=np.uint8))  # for bench/paired.py
+    assert right[:30].tolist() == ((s_test > theta) == kg.test_labels).tolist() and not right[30:].any()
     assert sum(r["n"] for r in got["test_error_by_relation"]) == 30
     assert "| similar to |" in capsys.readouterr().out
     per = run_cli(*common, "--out", tmp_path / "tc2.json", "--per-relation")["metrics"]

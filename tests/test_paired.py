@@ -71,3 +71,39 @@ def test_by_relation_adds_a_row_per_relation_of_the_compared_triples(tmp_path):
     rows = {line.split(" | ")[0][2:]: line for line in out.stdout.splitlines() if line.startswith("| ")}
     assert rows[kg.relations[r1]].startswith(f"| {kg.relations[r1]} | 2 | 0.688 | 1.000 | +0.312")  # (1+.5+.25+1)/4
     assert rows[kg.relations[r2]].startswith(f"| {kg.relations[r2]} | 2 | 0.750 | 0.417 | -0.333")  # (.5+.5+1+1)/4
+
+
+def tc_result(path, right, **fields):
+    """A triple-classification results JSON whose test triples were right (1) or wrong (0) as given."""
+    bits = np.packbits(np.array(right, dtype=bool)).tobytes().hex()
+    result = {"task": "tc", "data": "wn11", "data_fingerprint": "f", "counts": {"dev": 4, "test": len(right)},
+              "metrics": {"test_right": bits}} | fields
+    path.write_text(json.dumps(result))
+    return str(path)
+
+
+def test_triple_classification_accuracy_paired_on_the_same_test_triples(tmp_path):
+    a = [1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1]  # 11 triples: the packed bits end mid-byte
+    b = [1, 1, 1, 0, 1, 1, 1, 0, 0, 1, 1]
+    ra, rb = paired.rights(tc_result(tmp_path / "a.json", a))[0], paired.rights(tc_result(tmp_path / "b.json", b))[0]
+    assert ra.tolist() == [bool(x) for x in a]
+    va, vb, d, (lo, hi) = paired.paired_accuracy(ra, rb, n_resamples=2000)
+    assert (va, vb) == (7 / 11, 8 / 11) and np.isclose(d, 1 / 11) and lo <= d <= hi
+    assert paired.paired_accuracy(ra, ra)[3] == [0.0, 0.0]  # the same model: no spread
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "paired.py"), tc_result(tmp_path / "a.json", a),
+                        tc_result(tmp_path / "b.json", b)], capture_output=True, text=True)
+    assert r.returncode == 0 and "| accuracy | 63.64 | 72.73 | +9.09 [" in r.stdout
+    assert "right only by A: 1, only by B: 2, by both: 6" in r.stdout
+
+
+def test_triple_classification_results_of_other_tasks_are_refused(tmp_path):
+    a = tc_result(tmp_path / "a.json", [1, 0])
+    run = lambda b: subprocess.run([sys.executable, str(ROOT / "bench" / "paired.py"), a, b], capture_output=True,
+                                   text=True)
+    r = run(tc_result(tmp_path / "b.json", [1, 0], data="fb13"))
+    assert r.returncode == 1 and r.stderr.strip() == ("error: the results differ in data (wn11 vs fb13): not the same "
+                                                      "test triples")
+    lp = tmp_path / "lp.json"
+    lp.write_text(json.dumps({"task": "lp", "metrics": {}}))
+    r = run(str(lp))
+    assert r.returncode == 1 and r.stderr.startswith(f"error: {lp}: not a triple-classification result")
