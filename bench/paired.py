@@ -9,7 +9,7 @@ bootstrap resamples those triples jointly (one index draw serves A and B and bot
 the paired difference, far narrower than two independent intervals when the rankings agree on which triples are hard.
 --by-relation adds one row per relation of the compared triples (both sides; the graph read from $PALT_DATA).
 
-    python bench/paired.py results/wn11-minilm-3ep-trainneg.json results/wn11-ft-trainneg.json
+    python bench/paired.py results/wn11-palt-3ep-trainneg.json results/wn11-ft-trainneg.json
 
 Two triple-classification results JSONs (evaluate.py --tc; `test_right` in their metrics): test accuracy, each model
 at its own threshold tuned on dev, B - A with the interval of a bootstrap over the test triples.
