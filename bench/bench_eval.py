@@ -15,6 +15,7 @@ FLOPs (linear layers and attention, real tokens) against the spec on GPUs and a 
     python bench/bench_eval.py                                                  # MiniLM on this CPU, umls
     python bench/bench_eval.py --data fb15k-237 --queries 2 --cands 1000        # KG-BERT pads to 150 there
     python bench/bench_eval.py --model bert-base-random --data fb15k-237 --queries 8    # on a GPU
+    python bench/bench_eval.py --ours-only --queries 200 --repeat 1 --profile  # + where a ranking pass's time goes
 """
 import argparse, contextlib, copy, os, shutil, sys, tempfile, time, unittest.mock
 from pathlib import Path
@@ -168,6 +169,8 @@ def main():
                     "not SDPA: what the house rule costs (not adopted)")
     ap.add_argument("--ours-only", action="store_true", help="time our rows alone: no transformers, no reference")
     ap.add_argument("--repeat", type=int, default=3, help="timed rounds; the best of each is reported")
+    ap.add_argument("--profile", action="store_true", help="also a torch.profiler table of one ranking pass of "
+                    "each of our rows")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -224,6 +227,13 @@ def main():
     ref = lambda qs: None if args.ours_only else reference(hf, enc, lpq, qs, max_seq, ref_batch, device)
     ref(queries[:1])
 
+    if args.profile:  # where a ranking pass's time goes: the matmuls, attention, the pointwise ops between
+        for dt in ours_rows:
+            acts = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * (device.type == "cuda")
+            with torch.profiler.profile(activities=acts) as prof:
+                run_ours(dt)
+            print(f"ours {dt}: one ranking pass profiled, by self CPU time")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50))
     # alternate all rows, best of --repeat each: other work on a shared machine slows whichever runs beside it
     t_ours, t_hf, t_ref = {dt: [] for dt in ours_rows}, {dt: [] for dt in theirs}, []
     t_scorer = {dt: [] for dt in ours_rows}  # the scorer alone on the same triples: the loop's ceiling
