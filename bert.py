@@ -3,17 +3,18 @@ and NSP head) that loads the original Hugging Face weights. The first smoke test
 `python -m support.hub --check NAME_OR_PATH`."""
 import math
 import re
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
-from tokenizers import Tokenizer
 
-from support.files import readable, sha256_file
-from support.hf import CheckpointError, load_tokenizer, read_json
+from support.files import readable
+
+
+class CheckpointError(ValueError):
+    """A model file that cannot be used; the message is one line naming the file (and key)."""
 
 
 @dataclass(frozen=True)
@@ -29,26 +30,6 @@ class BertConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     initializer_range: float = 0.02
-
-    @classmethod
-    def from_json(cls, path):
-        """The config.json of a Hugging Face BERT, every value checked."""
-        d = read_json(path)
-        act, pos = d.get("hidden_act", "gelu"), d.get("position_embedding_type", "absolute")
-        if act != "gelu" or pos != "absolute":
-            raise CheckpointError(f"{path}: only hidden_act=gelu and absolute positions are BERT "
-                                  "as implemented here")
-        c = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-        for name, value in vars(c).items():
-            if not isinstance(value, (int, float)) or value < 0:
-                raise CheckpointError(f"{path}: {name} must be a non-negative number, "
-                                      f"not {value!r}")
-        if max(c.hidden_dropout_prob, c.attention_probs_dropout_prob) >= 1:
-            raise CheckpointError(f"{path}: a dropout probability must be below 1")
-        if c.num_attention_heads < 1 or c.hidden_size % c.num_attention_heads:
-            raise CheckpointError(f"{path}: hidden_size {c.hidden_size} is not a multiple of "
-                                  f"num_attention_heads {c.num_attention_heads}")
-        return c
 
 
 # ----------------------------------------------------------------------------- the model
@@ -235,13 +216,11 @@ def read_tensors(path):
     return tensors, names
 
 
-def load_weights(model_dir):
-    """(Bert in fp32, heads_to_train): strictly from model.safetensors, shape by shape. Without an
+def load_weights(path, config):
+    """(Bert in fp32, heads_to_train): strictly from a model.safetensors, shape by shape. Without an
     NSP head, heads_to_train is ("pooler", "nsp"): the NSP head starts random, the pooler from the
     checkpoint where it has one (MiniLM does), else random; PALT trains both."""
-    path = Path(model_dir) / "model.safetensors"
     tensors, names = read_tensors(path)
-    config = BertConfig.from_json(Path(model_dir) / "config.json")
     with torch.device("meta"):
         model = Bert(config)
     # BERT's pooler was pretrained with its NSP head; without that head (sentence-embedding models)
@@ -260,24 +239,3 @@ def load_weights(model_dir):
                                   f"the config asks for {tuple(p.shape)}")
     model.load_state_dict(tensors, strict=True, assign=True)
     return model, heads_to_train
-
-
-@dataclass
-class LoadedBert:
-    model: Bert
-    config: BertConfig
-    tokenizer: Tokenizer
-    path: Path
-    # () or ("pooler", "nsp"): the heads without NSP pretraining (PALT trains and counts them)
-    heads_to_train: tuple
-    weights_sha256: str
-
-
-def load_bert(model_dir):
-    """A model folder, loaded strictly (names such as minilm or bert-base-cased: hub.load_bert)."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such model folder")
-    model, heads_to_train = load_weights(path)
-    sha = sha256_file(path / "model.safetensors")
-    return LoadedBert(model, model.config, load_tokenizer(path), path, heads_to_train, sha)

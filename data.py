@@ -1,6 +1,7 @@
-"""A knowledge graph (support/graphs.py) -> BERT sentence pairs with PALT's prompt slots, and the
-training negatives, redrawn where they are train triples."""
+"""A knowledge graph (KG; support/graphs.py reads its files) -> BERT sentence pairs with PALT's
+prompt slots, and the training negatives, redrawn where they are train triples."""
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -9,6 +10,39 @@ from tokenizers import Tokenizer
 
 class DataError(ValueError):
     """Bad or missing data; the message is one line, 'path:line: what is wrong'."""
+
+
+# ----------------------------------------------------------------------------- the graph
+@dataclass(eq=False)
+class KG:
+    """A knowledge graph: its entities and relations with their texts, and each split as (N, 3)
+    index triples (support/graphs.load_kg reads one)."""
+    name: str
+    task: str  # 'lp' | 'tc'
+    folder: Path
+    text: str  # 'name' | 'long' | 'description'
+    text_file: str  # the entity text file actually read ('ids' where there is none)
+    entities: list  # ids as in the files; every entity with text, in text-file order
+    relations: list
+    ent_text: list
+    rel_text: list
+    train: np.ndarray  # (N,3) int64 rows (h, r, t)
+    dev: np.ndarray  # (0,3) where a graph of one's own has no dev split; likewise test
+    test: np.ndarray
+    dev_labels: np.ndarray | None  # tc: True for label 1, False for -1; lp: None
+    test_labels: np.ndarray | None
+    split_entities: np.ndarray  # sorted entities that occur in train/dev/test
+    fingerprint: str  # sha256 over the files read
+    known: np.ndarray  # sorted unique keys (h*R + r)*E + t of every true triple
+    notes: list  # what a graph lacks or repeats, warnings: for the command lines to say once
+    # split -> the file read; for a split a graph of one's own lacks, the file it would be
+    # (dev.tsv, or valid.txt beside train.txt): what messages about a split name
+    split_files: dict
+
+    def is_known(self, triples):
+        """True where a triple is a fact of train, dev or test: the filter of the evaluation's
+        ranks."""
+        return in_sorted(self.known, triple_keys(self, triples))
 
 
 # ----------------------------------------------------------------------------- tokens and sequences

@@ -24,8 +24,8 @@ import torch.distributed as dist
 import bert
 import palt
 from bert import autocast
-from data import build_batch, encode, seq_lengths, to_device
-from support import bigrank, evalcli, graphs, predict
+from data import DataError, build_batch, encode, seq_lengths, to_device
+from support import bigrank, evalcli, predict
 from support.devices import check_compiler, init_distributed, resolve_dtype
 from support.flags import check_seq_length
 
@@ -463,7 +463,7 @@ def load(ckpt, data=None, data_dir=None, device=None, dtype="auto"):
     try:
         _, kg, _, _ = evalcli.check_before_loading(args, shipped=False)
         return open_predictor(args, kg, device, resolve_dtype(dtype, device))
-    except (graphs.DataError, bert.CheckpointError, palt.ConfigError) as e:
+    except (DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise ValueError(str(e)) from None
     except SystemExit as e:
         raise ValueError(str(e).removeprefix("error: ")) from None
@@ -493,7 +493,7 @@ def main(argv=None):
         if ddp_rank == 0:
             evalcli.report(args, argv, result, state, scorer, kg, predictor.info, meta, out, t0,
                            world_size)
-    except (graphs.DataError, bert.CheckpointError, palt.ConfigError) as e:
+    except (DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise SystemExit(f"error: {e}") from None
     finally:
         if dist.is_initialized():

@@ -91,7 +91,7 @@ class Source:
     name: str  # short: in the line of scores
     label: str  # above its panels
     model: palt.PALT
-    kg: graphs.KG
+    kg: data.KG
     tokenizer: object
     prompts: tuple
     max_seq_length: int
@@ -344,7 +344,7 @@ def read_curve(path, name=None):
     default = re.sub(r"(\.train)?\.(log|txt)$", "", log.name)
     if log.name == "log.txt":
         default = log.resolve().parent.name
-    curve = parse_log(files.read_text(log, graphs.DataError)[1], name or default)
+    curve = parse_log(files.read_text(log, data.DataError)[1], name or default)
     if not curve.loss:
         raise SystemExit(f"error: {log}: no training lines ('epoch E/N step S/T loss X ...', as "
                          "train.py writes them)")
@@ -634,7 +634,7 @@ def main(argv=None):
             attention(args)
         else:
             curve(args)
-    except (graphs.DataError, bert.CheckpointError, palt.ConfigError) as e:
+    except (data.DataError, bert.CheckpointError, palt.ConfigError) as e:
         raise SystemExit(f"error: {e}") from None
     except OSError as e:  # the PNG could not be written (disk full, permissions): no partial file
         raise SystemExit(f"error: cannot write {args.out} ({e.strerror or e})") from None

@@ -44,8 +44,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-import bench_eval, bench_train, bert, data, evaluate, palt  # noqa: E402
-from support import devices, graphs  # noqa: E402
+import bench_eval, bench_train, data, evaluate, palt  # noqa: E402
+from support import devices, graphs, hub  # noqa: E402
 
 STEPS = ("tests", "speed", "throughput", "train", "rank")
 GRAPHS_GAIN = 1.15  # the call's training takes CUDA graphs from this speed-up on (a crash falls back: train_runs)
@@ -117,7 +117,7 @@ def throughput(args, device, left):
              for d in ("fp32", "bf16")}
     for model_name in ("minilm",) if args.smoke else ("minilm", "bert-base-random"):
         folder = bench_eval.model_dir(model_name, Path(tempfile.mkdtemp()) / model_name)  # not in --out: 8 files return
-        loaded = bert.load_bert(str(folder))
+        loaded = hub.load_bert(str(folder))
         model = palt.PALT(loaded.model, palt.PaltConfig(**palt.ZERO_SHOT)).to(device).eval()
         for name in args.graphs:
             kg = graphs.load_kg(name, args.data_dir)

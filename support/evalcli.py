@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from support import files, graphs, predict
+import data
 import palt
 from support.checkpoints import checkpoint_file, load_checkpoint, read_checkpoint
 from support.devices import DTYPES
@@ -247,7 +248,7 @@ def check_before_loading(args, shipped):
     if out:
         files.check_writable(out.parent, f"--out {out}")
     if args.queries:
-        files.readable(args.queries, graphs.DataError)
+        files.readable(args.queries, data.DataError)
     if out and args.task == "lp":  # the resumable ranking state
         files.check_writable(state_dir, f"{out}: its ranking state")
     return meta, kg, out, state_dir

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from palt import param_report
-from support.graphs import DATASETS, TEXTS, DataError, dataset
+from data import DataError
+from support.graphs import DATASETS, TEXTS, dataset
 from support.devices import DTYPES
 from support.files import project_path
 

@@ -5,12 +5,11 @@ Data lives in --data-dir, else $PALT_DATA, else ./data; one folder per benchmark
 import hashlib
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from data import DataError, in_sorted, triple_keys
+from data import KG, DataError, triple_keys
 from support.files import read_text, readable
 
 OWN_TEXTS = {"name": "entity2text.txt", "long": "entity2textlong.txt",
@@ -198,36 +197,6 @@ def _ids_warning(folder, ent_text, rel_text):
             f"{example!r}){rels}; PALT scores a triple by reading its text, so on this graph it "
             "can do no better than chance: a structure model (e.g. PyKEEN's ComplEx) suits it, "
             f"or give {give} with real names")
-
-
-@dataclass(eq=False)
-class KG:
-    name: str
-    task: str  # 'lp' | 'tc'
-    folder: Path
-    text: str  # 'name' | 'long' | 'description'
-    text_file: str  # the entity text file actually read ('ids' where there is none)
-    entities: list  # ids as in the files; every entity with text, in text-file order
-    relations: list
-    ent_text: list
-    rel_text: list
-    train: np.ndarray  # (N,3) int64 rows (h, r, t)
-    dev: np.ndarray  # (0,3) where a graph of one's own has no dev split; likewise test
-    test: np.ndarray
-    dev_labels: np.ndarray | None  # tc: True for label 1, False for -1; lp: None
-    test_labels: np.ndarray | None
-    split_entities: np.ndarray  # sorted entities that occur in train/dev/test
-    fingerprint: str  # sha256 over the files read
-    known: np.ndarray  # sorted unique keys (h*R + r)*E + t of every true triple
-    notes: list  # what a graph lacks or repeats, warnings: for the command lines to say once
-    # split -> the file read; for a split a graph of one's own lacks, the file it would be
-    # (dev.tsv, or valid.txt beside train.txt): what messages about a split name
-    split_files: dict
-
-    def is_known(self, triples):
-        """True where a triple is a fact of train, dev or test: the filter of the evaluation's
-        ranks."""
-        return in_sorted(self.known, triple_keys(self, triples))
 
 
 def load_kg(spec, data_dir=None, text="name"):

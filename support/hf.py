@@ -1,15 +1,14 @@
-"""A Hugging Face model folder's files besides the weights: config.json read in one-line errors, and
-the WordPiece tokenizer from tokenizer.json or vocab.txt (bert.load_bert calls both)."""
+"""A Hugging Face model folder's files besides the weights: config.json read into a BertConfig in
+one-line errors, and the WordPiece tokenizer from tokenizer.json or vocab.txt (hub.load_bert calls
+both)."""
 import json
+from dataclasses import fields
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+from bert import BertConfig, CheckpointError
 from support.files import readable
-
-
-class CheckpointError(ValueError):
-    """A model file that cannot be used; the message is one line naming the file (and key)."""
 
 
 def read_json(path):
@@ -22,6 +21,25 @@ def read_json(path):
     if not isinstance(d, dict):
         raise CheckpointError(f"{path}: not a JSON object")
     return d
+
+
+def read_config(path):
+    """The BertConfig of a Hugging Face BERT's config.json, every value checked."""
+    d = read_json(path)
+    act, pos = d.get("hidden_act", "gelu"), d.get("position_embedding_type", "absolute")
+    if act != "gelu" or pos != "absolute":
+        raise CheckpointError(f"{path}: only hidden_act=gelu and absolute positions are BERT as "
+                              "implemented here")
+    c = BertConfig(**{f.name: d[f.name] for f in fields(BertConfig) if f.name in d})
+    for name, value in vars(c).items():
+        if not isinstance(value, (int, float)) or value < 0:
+            raise CheckpointError(f"{path}: {name} must be a non-negative number, not {value!r}")
+    if max(c.hidden_dropout_prob, c.attention_probs_dropout_prob) >= 1:
+        raise CheckpointError(f"{path}: a dropout probability must be below 1")
+    if c.num_attention_heads < 1 or c.hidden_size % c.num_attention_heads:
+        raise CheckpointError(f"{path}: hidden_size {c.hidden_size} is not a multiple of "
+                              f"num_attention_heads {c.num_attention_heads}")
+    return c
 
 
 def load_tokenizer(model_dir):

@@ -19,9 +19,11 @@ import re
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 import bert
 import data
@@ -122,14 +124,28 @@ def model_dir(name_or_path):
     return target
 
 
+@dataclass
+class LoadedBert:
+    model: bert.Bert
+    config: bert.BertConfig
+    tokenizer: Tokenizer
+    path: Path
+    # () or ("pooler", "nsp"): the heads without NSP pretraining (PALT trains and counts them)
+    heads_to_train: tuple
+    weights_sha256: str
+
+
 def load_bert(name_or_path):
-    """bert.load_bert of minilm (the pip package), a hub name (downloaded once) or a model folder.
-    """
+    """A LoadedBert of minilm (the pip package), a hub name (downloaded once) or a model folder,
+    loaded strictly: config.json, model.safetensors (bert.load_weights) and the tokenizer."""
     try:
         path = model_dir(name_or_path)
     except DownloadError as e:
         raise bert.CheckpointError(str(e)) from None
-    return bert.load_bert(path)
+    config = hf.read_config(path / "config.json")
+    model, heads_to_train = bert.load_weights(path / "model.safetensors", config)
+    sha = sha256_file(path / "model.safetensors")
+    return LoadedBert(model, config, hf.load_tokenizer(path), path, heads_to_train, sha)
 
 
 def checksums():
@@ -167,7 +183,7 @@ def benchmark(folder, target, base_url=None, sums=None):
 def dataset(name, data_dir=None, base_url=None, sums=None):
     """`--download NAME`: KG-BERT's files of one benchmark into <data root>/<folder>."""
     if name.lower() not in graphs.DATASETS:
-        raise graphs.DataError(f"{name}: unknown dataset (one of {', '.join(graphs.DATASETS)})")
+        raise data.DataError(f"{name}: unknown dataset (one of {', '.join(graphs.DATASETS)})")
     folder = graphs.DATASETS[name.lower()][0]
     return benchmark(folder, graphs.data_root(data_dir) / folder, base_url, sums)
 
@@ -188,7 +204,7 @@ def stats(data_dir=None, model="minilm", text="name"):
     found = [name for name, (folder, *_) in graphs.DATASETS.items() if (root / folder).is_dir()]
     if not found:
         folders = ", ".join(f for f, *_ in graphs.DATASETS.values())
-        raise graphs.DataError(f"{root}: none of {folders} is there (--data-dir, PALT_DATA)")
+        raise data.DataError(f"{root}: none of {folders} is there (--data-dir, PALT_DATA)")
     row = "{:10} {:24} {:>18} {:>4} {:>8} {:>13} {:>15} {:>8} {:>4} | {}".format
     print(f"data {root}, tokenizer {model}, --text {text}; tc dev/test = positives+negatives")
     print(row("dataset", "entity text", "entities (text)", "rel", "train", "dev", "test",
@@ -263,5 +279,5 @@ if __name__ == "__main__":
             stats(args.data_dir, args.model, args.text)
         if args.check:
             check(args.check)
-    except (DownloadError, graphs.DataError, bert.CheckpointError) as e:
+    except (DownloadError, data.DataError, bert.CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import data
-from support import files, graphs
+from support import files
 from support.bigrank import Progress
 from support.near import entity_embeddings
 
@@ -256,7 +256,7 @@ def read_queries(args):
     a line of --queries (tab-separated; where: FILE:LINE)."""
     if not args.queries:
         return [(*parse_query(args.query, "--predict"), None)]
-    text = files.read_text(args.queries, graphs.DataError)[1]
+    text = files.read_text(args.queries, data.DataError)[1]
     queries = []
     try:
         for i, line in enumerate(text.splitlines()):

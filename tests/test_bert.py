@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from support import hub
 from bert import CheckpointError, load_weights
-from support.hf import load_tokenizer
+from support.hf import load_tokenizer, read_config
 from support.hub import load_bert
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,8 +323,7 @@ def test_attention_written_out_equals_sdpa():
     (dict(num_attention_heads=5), "hidden_size 32 is not a multiple of num_attention_heads 5"),
 ])
 def test_bad_configs_get_one_line(tmp_path, bad, message):
-    from bert import BertConfig
     path = tmp_path / "config.json"
     path.write_text(json.dumps(tiny_hf_config().to_dict() | bad))
     with pytest.raises(CheckpointError, match=message):
-        BertConfig.from_json(path)
+        read_config(path)

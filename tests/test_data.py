@@ -12,7 +12,8 @@ from support import graphs, hub
 import data
 from data import NegativeSampler, build_batch, encode, seq_lengths
 from evaluate import lp_queries
-from support.graphs import DataError, load_kg
+from data import DataError
+from support.graphs import load_kg
 from support.near import entity_embeddings, nearest_entities
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,12 +323,11 @@ def test_self_negatives_pair_an_entity_with_itself_unless_that_is_a_fact(tmp_pat
 def test_nearest_entities_are_the_brute_force_cosine_neighbours_of_mean_pooled_texts(tmp_path):
     """Batched, length-sorted and padded, the embeddings are those of each text alone: [CLS] text [SEP], the last
     layer's states averaged over its tokens; each entity's neighbours by cosine, itself excluded."""
-    import bert
     from conftest import make_bert_dir
     ents = "".join(f"e{i}\t{' '.join(VOCAB[4 + (i * j) % 14] for j in range(1 + i % 5))}\n" for i in range(30))
     train = "".join(f"e{i}\tr1\te{(i + 1) % 29}\n" for i in range(29))  # e29 is in no split
     write_kg(tmp_path, entity2text_txt=ents, train_tsv=train, dev_tsv="e1\tr2\te2\n", test_tsv="e3\tr2\te4\n")
-    kg, m = load_kg("umls", tmp_path), bert.load_bert(make_bert_dir(tmp_path / "m", VOCAB[4:]))
+    kg, m = load_kg("umls", tmp_path), hub.load_bert(make_bert_dir(tmp_path / "m", VOCAB[4:]))
     enc = encode(kg, m.tokenizer)
     emb = entity_embeddings(m.model.eval(), kg.split_entities, enc, tokens=40)  # small batches, mixed lengths
     near = nearest_entities(kg, emb, k=4)

@@ -9,7 +9,8 @@ import pytest
 
 from support import graphs
 from evaluate import lp_queries
-from support.graphs import DataError, id_like, load_kg
+from data import DataError
+from support.graphs import id_like, load_kg
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "tests" / "example_kg"

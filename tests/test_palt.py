@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from bert import Bert, BertConfig, CheckpointError, load_bert
+from bert import Bert, BertConfig, CheckpointError
+from support.hub import load_bert
 from conftest import make_bert_dir
 from support.checkpoints import load_checkpoint, save_checkpoint
 from palt import PALT, PaltConfig, param_report
@@ -126,7 +127,8 @@ def test_every_unreadable_file_says_permission_denied_not_missing(base, tmp_path
     import builtins, shutil, evaluate
     from support import files
     from conftest import write_tiny_kg
-    from support.graphs import DataError, load_kg
+    from data import DataError
+    from support.graphs import load_kg
     model = shutil.copytree(base, tmp_path / "m")
     loaded = load_bert(model)
     ckpt = tmp_path / "c.safetensors"

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-import bert
-from support import devices
+from support import devices, hub
 import train
 from bert import autocast
 from support.devices import resolve_dtype
@@ -32,7 +31,7 @@ def test_the_cpu_flag_is_read_from_cpuinfo(tmp_path):
 
 def test_fp32_is_the_exact_path_even_inside_an_outer_bf16_autocast(tmp_path):
     base = make_bert_dir(tmp_path / "bert", [f"w{i}" for i in range(30)], layers=2)
-    model = PALT(bert.load_bert(base).model, PaltConfig(prompts=(1, 0, 1))).eval()
+    model = PALT(hub.load_bert(base).model, PaltConfig(prompts=(1, 0, 1))).eval()
     torch.manual_seed(0)
     x = dict(input_ids=torch.randint(5, 30, (4, 9)), token_type_ids=torch.zeros(4, 9, dtype=torch.long),
              attention_mask=torch.ones(4, 9, dtype=torch.long), prompt_index=torch.full((4, 9), -1))

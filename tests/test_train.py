@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 import data, evaluate, train
 from support import checkpoints, devices, devmetric, flags, graphs
-from bert import load_bert
+from support.hub import load_bert
 from conftest import make_bert_dir, write_tiny_kg
 
 ROOT = Path(__file__).resolve().parents[1]
