@@ -25,12 +25,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import plot
 from bert import CheckpointError, autocast
 from data import DataError, NegativeSampler, build_batch, encode, seq_lengths, to_device
+from evaluate import dev_metric
 from palt import ConfigError, PaltConfig, build_palt, hold_frozen_linears, param_report
 from support import flags
 from support.checkpoints import (check_output, check_resumable, claim_output, open_log, palt_meta,
                                  restore, save_run)
 from support.devices import check_devices, compiled, resolve_dtype
-from support.devmetric import dev_metric
 from support.files import release_folder
 from support.graphs import load_kg
 from support.near import entity_embeddings, nearest_entities

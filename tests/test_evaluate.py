@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from support import bigrank, checkpoints, devmetric, evalcli, files, graphs, hub, predict
+from support import bigrank, checkpoints, evalcli, files, graphs, hub, predict
 import data
 import evaluate
 import palt
@@ -975,7 +975,7 @@ def test_chance_accuracy_is_a_tuned_threshold_on_scores_that_carry_nothing():
     rng = np.random.default_rng(1)
     labels = rng.random(300) < 0.5
     nothing = [evaluate.best_threshold(rng.random(300), labels)[1] for _ in range(200)]  # fresh random scores
-    mean, sd = devmetric.chance_accuracy(rng.random(300), labels, n=200)
+    mean, sd = evaluate.chance_accuracy(rng.random(300), labels, n=200)
     assert mean == pytest.approx(np.mean(nothing), abs=0.01) and sd == pytest.approx(np.std(nothing), rel=0.25)
     assert mean > 0.5  # a threshold tuned on the same triples beats a coin
     separating = np.where(labels, 1.0, 0.0) + rng.random(300) * 0.1

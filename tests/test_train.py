@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import data, evaluate, train
-from support import checkpoints, devices, devmetric, flags, graphs
+from support import checkpoints, devices, flags, graphs
 from support.hub import load_bert
 from conftest import make_bert_dir, write_tiny_kg
 
@@ -367,14 +367,14 @@ def test_a_dev_point_within_noise_of_a_random_scorer_says_so(setup, tmp_path):
     model, kg, enc, *_ = train.build(run, "fp32", cpu)
     with torch.no_grad():
         model.bert.nsp.weight.zero_()  # the same logits for every input
-    dev, line = devmetric.dev_metric(model.eval(), kg, enc, run, cpu, "fp32")
+    dev, line = evaluate.dev_metric(model.eval(), kg, enc, run, cpu, "fp32")
     lpq = evaluate.lp_queries(kg, "dev")
     mean, sd = evaluate.random_mrr(lpq, np.arange(len(kg.dev)))
     assert dev["value"] < mean and dev["random"] == pytest.approx(mean)
     assert line.endswith(f"; within noise of a random scorer (MRR {mean:.4f} +- {2 * sd:.4f} on these triples): "
                          "nothing learned yet, or text that carries nothing (README, Your own graph)")
-    assert devmetric.chance_note(mean + 2.5 * sd, mean, sd, "MRR") == ""  # beyond 2 sd: no note
-    assert devmetric.chance_note(mean + 1.5 * sd, mean, sd, "MRR").startswith("; within noise")
+    assert evaluate.chance_note(mean + 2.5 * sd, mean, sd, "MRR") == ""  # beyond 2 sd: no note
+    assert evaluate.chance_note(mean + 1.5 * sd, mean, sd, "MRR").startswith("; within noise")
 
 
 # ----------------------------------------------------------------------------- one run a folder
