@@ -26,13 +26,24 @@ import palt
 from bert import autocast
 from data import DataError, build_batch, encode, seq_lengths, to_device
 from support import bigrank, evalcli, predict
-from support.devices import check_compiler, init_distributed, resolve_dtype
-from support.flags import check_seq_length
+from support.bigrank import Stopped
+from support.devices import init_distributed, resolve_dtype
+from support.files import OutputError
+from support.flags import FlagError, check_compiler, check_seq_length
 
 KS = (1, 3, 10)  # Hits@k
 MIN_ROWS = 32  # a batch's fewest rows where lengths differ (Scorer)
 # link prediction's ranks: one row per test triple and side, these int64 columns
 TRIPLE, SIDE, FILTERED_OPTIMISTIC, FILTERED_PESSIMISTIC, RAW_OPTIMISTIC, RAW_PESSIMISTIC = range(6)
+
+
+class ScoreError(ValueError):
+    """Scores that cannot be ranked (NaN or inf): a broken checkpoint or an overflow."""
+
+
+# the errors the commands (evaluate.py, train.py, plot.py) print as one line: bad data, checkpoint,
+# PALT configuration, flag, output folder, scores
+ERRORS = (DataError, bert.CheckpointError, palt.ConfigError, FlagError, OutputError, ScoreError)
 
 
 # -------------------------------------------------------------------- ranks, metrics, thresholds
@@ -311,7 +322,7 @@ def rank_queries(score, lpq, tri, queries, block, overlap=None):
 def finish_block(qs, tri_side, ranks, finite):
     """(queries, ranks) of a ranked block, once the device has computed them."""
     if not finite:
-        raise SystemExit("error: the model gives non-finite scores (NaN/inf); no ranks computed")
+        raise ScoreError("the model gives non-finite scores (NaN/inf); no ranks computed")
     return qs, np.concatenate([tri_side, ranks.cpu().numpy()], 1)
 
 
@@ -452,10 +463,7 @@ class Predictor:
         ids, texts = (self.kg.entities, self.kg.ent_text)
         if what == "relation":
             ids, texts = (self.kg.relations, self.kg.rel_text)
-        try:
-            return predict.find(ids, texts, str(name), what)
-        except SystemExit as e:  # the command line's one-line error, as an exception
-            raise ValueError(str(e).removeprefix("error: ")) from None
+        return predict.find(ids, texts, str(name), what)
 
     def score(self, triples):
         """(N,) float32 scores (NSP logit margins: higher is truer) of (head, relation, tail)
@@ -507,13 +515,8 @@ def load(ckpt, data=None, data_dir=None, device=None, dtype="auto"):
     args = evalcli.parser(__doc__).parse_args(["--predict"])  # evaluate.py's defaults, no output
     args.ckpt, args.data, args.data_dir, args.dtype = str(ckpt), data, data_dir, dtype
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    try:
-        _, kg, _, _ = evalcli.check_before_loading(args, shipped=False)
-        return open_predictor(args, kg, device, resolve_dtype(dtype, device))
-    except (DataError, bert.CheckpointError, palt.ConfigError) as e:
-        raise ValueError(str(e)) from None
-    except SystemExit as e:
-        raise ValueError(str(e).removeprefix("error: ")) from None
+    _, kg, _, _ = evalcli.check_before_loading(args, shipped=False)
+    return open_predictor(args, kg, device, resolve_dtype(dtype, device))
 
 
 # ----------------------------------------------------------------------------- the command
@@ -540,8 +543,10 @@ def main(argv=None):
         if ddp_rank == 0:
             evalcli.report(args, argv, result, state, scorer, kg, predictor.info, meta, out, t0,
                            world_size)
-    except (DataError, bert.CheckpointError, palt.ConfigError) as e:
+    except ERRORS as e:
         raise SystemExit(f"error: {e}") from None
+    except Stopped as e:  # a ranking's finished queries are saved: the message says how to go on
+        raise SystemExit(str(e)) from None
     finally:
         if dist.is_initialized():
             dist.barrier()  # no rank tears its connections down while another still uses them

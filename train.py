@@ -23,14 +23,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import plot
-from bert import CheckpointError, autocast
-from data import DataError, NegativeSampler, build_batch, encode, seq_lengths, to_device
-from evaluate import dev_metric
-from palt import ConfigError, PaltConfig, build_palt, hold_frozen_linears, param_report
+from bert import autocast
+from data import NegativeSampler, build_batch, encode, seq_lengths, to_device
+from evaluate import ERRORS, dev_metric
+from palt import PaltConfig, build_palt, hold_frozen_linears, param_report
 from support import flags
 from support.checkpoints import (check_output, check_resumable, claim_output, open_log, palt_meta,
                                  restore, save_run)
-from support.devices import check_devices, compiled, resolve_dtype
+from support.devices import compiled, resolve_dtype
 from support.files import release_folder
 from support.graphs import load_kg
 from support.near import entity_embeddings, nearest_entities
@@ -352,7 +352,7 @@ def setup(run):
     torch.backends.cudnn.allow_tf32 = True
     dtype = resolve_dtype(run.dtype, device, warn=master_process)  # bf16 where native, else fp32
     print0 = Printer(master_process)
-    check_devices(run, device, ddp, world_size, print0)
+    flags.check_devices(run, device, ddp, world_size, print0)
     out = Path(run.out)
     state = out / "state.safetensors"
     resumed = check_output(out, run.resume)  # before anything loads: nothing lost, no work wasted
@@ -438,7 +438,7 @@ def command_line(argv=None):
         signal.signal(sig, on_signal)
     try:
         main(parse_args(argv))
-    except (DataError, CheckpointError, ConfigError) as e:
+    except ERRORS as e:  # one line, no traceback
         raise SystemExit(f"error: {e}") from None
 
 

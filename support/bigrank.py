@@ -12,12 +12,16 @@ import torch
 import torch.distributed as dist
 
 from support import files
+from support.files import OutputError
 
 NO_ROWS = np.zeros((0, 6), np.int64)  # no ranks yet: rows are (test triple, side, four ranks)
-
-
 EVERY_S = 50  # seconds between progress lines
 PIECE_S = 10  # seconds of work between progress updates, once the rate is measured
+
+
+class Stopped(Exception):
+    """A ranking stopped before its end (Ctrl-C, or --stop-after-queries), its finished queries
+    saved: the message says how to resume. Not an error: the commands print it and exit 1."""
 
 
 def timed_pieces(n, first, most, seconds=PIECE_S):
@@ -87,8 +91,8 @@ def read_rows(path, n_triples):
         why = f"{type(e).__name__}: {e}"
         if "pickle" in str(e):
             why = "pickled objects, which are never loaded"
-        raise SystemExit(f"error: {path}: damaged ranking state ({why}); delete it (or the folder "
-                         f"{path.parent}) to start over") from None
+        raise OutputError(f"{path}: damaged ranking state ({why}); delete it (or the folder "
+                          f"{path.parent}) to start over") from None
     return rows.astype(np.int64)
 
 
@@ -104,13 +108,13 @@ class State:
             try:
                 was = json.loads(saved.read_text())
             except (OSError, ValueError) as e:
-                raise SystemExit(f"error: {saved}: damaged ranking state ({e}); delete "
-                                 f"{self.folder} to start over") from None
+                raise OutputError(f"{saved}: damaged ranking state ({e}); delete "
+                                  f"{self.folder} to start over") from None
             for k, v in settings.items():
                 if was.get(k) != v:
-                    raise SystemExit(f"error: {self.folder} holds ranks made with {k} "
-                                     f"{was.get(k)}, not {v}: give another --out, or delete it to "
-                                     "start over")
+                    raise OutputError(f"{self.folder} holds ranks made with {k} "
+                                      f"{was.get(k)}, not {v}: give another --out, or delete it to "
+                                      "start over")
         if ddp_rank == 0:  # two rankings never write one state
             files.lock_folder(self.folder, "a ranking state", "give another --out")
         if ddp_rank == 0 and not saved.exists():
@@ -125,9 +129,9 @@ class State:
             files.write_atomic(self.path, lambda f: np.savez(f, rows=rows))
         except OSError as e:
             why = e.strerror or e
-            raise SystemExit(f"error: cannot save the ranking state {self.path} ({why}); "
-                             "the previous save is kept: make room, and the same command resumes "
-                             f"from {self.folder}") from None
+            raise OutputError(f"cannot save the ranking state {self.path} ({why}); "
+                              "the previous save is kept: make room, and the same command resumes "
+                              f"from {self.folder}") from None
 
 
 def select(T, limit, seed, ordered=False):
@@ -256,8 +260,8 @@ def ranked_rows(args, lpq, kg, info, state_dir, rank_block, scorer, ddp_rank, wo
     rows = rows[np.unique(rows[:, 0] * 2 + rows[:, 1], return_index=True)[1]]
     rows = rows[np.isin(rows[:, 0], tri)]  # the state may hold more triples than this --limit asks
     if len(rows) != 2 * len(tri):
-        raise SystemExit(f"error: {len(rows)} of {2 * len(tri)} ranks found; remove {state.folder} "
-                         "and run again")
+        raise OutputError(f"{len(rows)} of {2 * len(tri)} ranks found; remove {state.folder} "
+                          "and run again")
     counts = dict(test_triples=T, ranked_triples=len(tri), queries=len(needed), candidates=C,
                   resumed_queries=resumed, scored_triples=fresh * C)  # scored_triples: by this run
     return rows, tri, counts, state
@@ -283,12 +287,12 @@ def save_as_they_come(args, state, progress, blocks):
                 state.save()
                 saved = time.time()
             if stop:
-                raise SystemExit(f"stopped after {progress.done} queries; the same command resumes "
-                                 f"from {state.folder}")
+                raise Stopped(f"stopped after {progress.done} queries; the same command resumes "
+                              f"from {state.folder}")
     except KeyboardInterrupt:
         state.save()
-        raise SystemExit(f"stopped after {progress.done} queries (Ctrl-C); the same command "
-                         f"resumes from {state.folder}") from None
+        raise Stopped(f"stopped after {progress.done} queries (Ctrl-C); the same command "
+                      f"resumes from {state.folder}") from None
     state.save()
     progress.update(0, force=True)
 

@@ -12,7 +12,8 @@ from safetensors.torch import save
 
 from bert import CheckpointError
 from support import files
-from support.files import check_writable, in_project, readable, write_atomic
+from support.files import OutputError, check_writable, in_project, readable, write_atomic
+from support.flags import FlagError
 from support.hub import load_bert
 from palt import PALT, PaltConfig
 
@@ -105,12 +106,12 @@ def checkpoint_file(path):
     if p.is_dir():
         found = [p / n for n in ("best.safetensors", "ckpt.safetensors") if (p / n).is_file()]
         if not found:
-            raise SystemExit(f"error: --ckpt {path}: a folder without best.safetensors or "
-                             "ckpt.safetensors (give a run folder of train.py, or a checkpoint "
-                             "file)")
+            raise FlagError(f"--ckpt {path}: a folder without best.safetensors or "
+                            "ckpt.safetensors (give a run folder of train.py, or a checkpoint "
+                            "file)")
         return found[0]
     if not p.exists():
-        raise SystemExit(f"error: --ckpt {path}: no such checkpoint file or run folder")
+        raise FlagError(f"--ckpt {path}: no such checkpoint file or run folder")
     return p
 
 
@@ -124,12 +125,12 @@ def check_output(out, resume):
     written = (out / "ckpt.safetensors", out / "best.safetensors", state)
     trained = [f.name for f in written if f.exists()]
     if trained and not resume:
-        raise SystemExit(f"error: {out}/{trained[0]} exists: --resume to continue it, or choose "
-                         "another --out")
+        raise FlagError(f"{out}/{trained[0]} exists: --resume to continue it, or choose "
+                        "another --out")
     # a checkpoint without its optimizer state cannot continue exactly: never guess
     if trained and not state.exists():
-        raise SystemExit(f"error: {out}/{trained[0]} exists but {state} does not, so the run "
-                         "cannot continue exactly; nothing was changed: choose another --out")
+        raise FlagError(f"{out}/{trained[0]} exists but {state} does not, so the run "
+                        "cannot continue exactly; nothing was changed: choose another --out")
     if not trained:
         return None
     return read_checkpoint(state, kind="train-state", tensors=False)[1]
@@ -144,9 +145,9 @@ def claim_output(out, resume, seen, master_process, ddp):
         try:
             files.lock_folder(out, "--out", "choose another --out")
             if check_output(out, resume) != seen:
-                raise SystemExit(f"error: another run wrote {out} while this one loaded; nothing "
-                                 "was changed: run the command again")
-        except SystemExit as e:
+                raise OutputError(f"another run wrote {out} while this one loaded; nothing "
+                                  "was changed: run the command again")
+        except (FlagError, OutputError) as e:
             refused = e
     if ddp:
         flag = torch.tensor([float(refused is not None)])
@@ -154,7 +155,7 @@ def claim_output(out, resume, seen, master_process, ddp):
             flag = flag.cuda()
         dist.all_reduce(flag)
         if flag.item() and refused is None:
-            raise SystemExit(1)  # process 0 says why
+            raise OutputError(f"--out {out}: refused by process 0 (its message says why)")
     if refused is not None:
         raise refused
 
@@ -169,8 +170,8 @@ def check_resumable(saved, meta, state):
             pairs[k] = (saved.get(k), meta[k])
     for k, (was, now) in pairs.items():
         if was != now:
-            raise SystemExit(f"error: {state} was trained with {k} {was}, not {now}: resume with "
-                             "the same settings, or choose another --out")
+            raise FlagError(f"{state} was trained with {k} {was}, not {now}: resume with "
+                            "the same settings, or choose another --out")
 
 
 def save_state(path, model, opt, params, meta):
@@ -193,9 +194,9 @@ def save_run(out, model, opt, params, meta, names):
             else:
                 save_checkpoint(out / f"{name}.safetensors", model, meta)
         except OSError as e:
-            raise SystemExit(f"error: cannot write {out / name}.safetensors ({e.strerror}); the "
-                             "previous file is kept: fix that and run again with --resume to "
-                             "continue from the last saved state") from None
+            raise OutputError(f"cannot write {out / name}.safetensors ({e.strerror}); the "
+                              "previous file is kept: fix that and run again with --resume to "
+                              "continue from the last saved state") from None
 
 
 def restore(saved, path, model, opt, params):
@@ -208,8 +209,8 @@ def restore(saved, path, model, opt, params):
     tensors, _ = read_checkpoint(path, kind="train-state")
     got = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     if set(got) != set(params):
-        raise SystemExit(f"error: {path} holds other tensors than this model trains; choose "
-                         "another --out")
+        raise CheckpointError(f"{path} holds other tensors than this model trains; choose "
+                              "another --out")
     got = {k: v.to(params[k].device) for k, v in got.items()}
     model.load_state_dict(model.state_dict() | got, strict=True)
     for name, p in params.items():

@@ -1,7 +1,6 @@
 """Where the work runs: the autocast precision a CPU or GPU gets, evaluate.py's torchrun processes,
-the flags that depend on the device, and torch.compile. Imports nothing of the project."""
+and torch.compile. Imports nothing of the project."""
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -53,28 +52,6 @@ def init_distributed(dtype_choice):
     torch.backends.cudnn.allow_tf32 = True
     dtype = resolve_dtype(dtype_choice, device, warn=ddp_rank == 0)
     return ddp_rank, ddp_local_rank, world_size, device, dtype
-
-
-def check_devices(run, device, ddp, world_size, print0):
-    """train.py's flags that depend on where the run is: before anything loads."""
-    # DDP's gradient all-reduce runs inside the backward a graph captures
-    if run.cudagraphs and ddp:
-        raise SystemExit("error: --cudagraphs trains on one GPU without DDP: leave it out under "
-                         "torchrun")
-    check_compiler(run.compile, device)
-    if run.cudagraphs and device.type != "cuda":
-        print0(f"--cudagraphs: CUDA graphs exist on a GPU only; on {device.type} the step is "
-               "compiled without them")
-    if run.batch % world_size:
-        raise SystemExit(f"error: --batch {run.batch} is not divisible by the {world_size} "
-                         "processes")
-
-
-def check_compiler(compile, device):
-    """torch.compile on a CPU builds C++ kernels: without a compiler, one line before the model
-    loads."""
-    if compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
-        raise SystemExit("error: --compile on CPU needs a C++ compiler (g++, or $CXX): none found")
 
 
 def compiled(model, run):

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from support import files, graphs, predict
 import data
 import palt
+from data import DataError
+from support import files, graphs, predict
 from support.checkpoints import checkpoint_file, load_checkpoint, read_checkpoint
 from support.devices import DTYPES
-from support.flags import check_limits, check_seq_length
+from support.files import OutputError
+from support.flags import FlagError, check_limits, check_seq_length
 
 # what `python evaluate.py --lp` evaluates
 DEFAULT_DATA = {"lp": "umls", "tc": "wn11", "predict": "umls"}
@@ -131,19 +133,19 @@ def resolve_source(args):
         ckpt = checkpoint_file(args.ckpt)
     else:
         if args.data and args.data.lower() not in graphs.DATASETS:
-            raise SystemExit(f"error: --data {args.data}: adapters are shipped for the benchmarks "
-                             "only; give --ckpt")
+            raise FlagError(f"--data {args.data}: adapters are shipped for the benchmarks "
+                            "only; give --ckpt")
         name = graphs.dataset(args.data or DEFAULT_DATA[args.task])[0]
         # the project's, whatever PALT_WEIGHTS says
         ckpt = files.ROOT / "weights" / f"palt-{name}-minilm.safetensors"
         if not ckpt.is_file():
-            raise SystemExit(f"error: no shipped adapter {ckpt}: train one with python train.py "
-                             f"--data {name}, then --ckpt runs/{name}-minilm")
+            raise FlagError(f"no shipped adapter {ckpt}: train one with python train.py "
+                            f"--data {name}, then --ckpt runs/{name}-minilm")
     _, meta = read_checkpoint(ckpt, tensors=False)  # the tensors load once, with the model
     if args.data and benchmark(meta["data"]) != benchmark(args.data):
-        raise SystemExit(f"error: {ckpt} was trained on {meta['data']}, not {args.data}")
+        raise FlagError(f"{ckpt} was trained on {meta['data']}, not {args.data}")
     if args.text not in (None, meta["text"]):
-        raise SystemExit(f"error: {ckpt} was trained with --text {meta['text']}, not {args.text}")
+        raise FlagError(f"{ckpt} was trained with --text {meta['text']}, not {args.text}")
     args.ckpt, args.data = str(ckpt), args.data or files.in_project(meta["data"])
     return meta
 
@@ -199,8 +201,8 @@ def load_model(args, device):
     else:
         model, loaded = palt.build_palt(args.model, palt.PaltConfig(**palt.ZERO_SHOT))
         if loaded.heads_to_train:
-            raise SystemExit(f"error: {args.model} has no pretrained NSP head, so zero-shot scores "
-                             "would be random; give --ckpt")
+            raise FlagError(f"{args.model} has no pretrained NSP head, so zero-shot scores "
+                            "would be random; give --ckpt")
         identity = loaded.weights_sha256
         meta = dict(model=args.model, text=args.text or "name", prompts=[0, 0, 0],
                     max_seq_length=192)
@@ -214,16 +216,16 @@ def load_model(args, device):
 def check_graph(args, meta, kg):
     """The graph against the checkpoint and the task."""
     if meta and meta.get("data_fingerprint") not in (None, kg.fingerprint):
-        raise SystemExit(f"error: {args.ckpt} was trained on other {kg.name} files (fingerprint "
-                         f"{meta['data_fingerprint']}, these are {kg.fingerprint})")
+        raise DataError(f"{args.ckpt} was trained on other {kg.name} files (fingerprint "
+                        f"{meta['data_fingerprint']}, these are {kg.fingerprint})")
     if args.task == "tc" and kg.task != "tc":
-        raise SystemExit(f"error: {kg.name} has no labelled dev/test negatives; triple "
-                         "classification needs wn11, fb13 or a folder whose test split has a 4th "
-                         "column (1/-1)")
+        raise DataError(f"{kg.name} has no labelled dev/test negatives; triple "
+                        "classification needs wn11, fb13 or a folder whose test split has a 4th "
+                        "column (1/-1)")
     need = {"tc": ["dev", "test"], "lp": [args.split]}.get(args.task, [])
     for split in [s for s in need if not len(getattr(kg, s))]:
-        raise SystemExit(f"error: {kg.split_files[split]}: no such file (--{args.task} "
-                         "needs it)")
+        raise DataError(f"{kg.split_files[split]}: no such file (--{args.task} "
+                        "needs it)")
 
 
 def check_before_loading(args, shipped):
@@ -244,7 +246,7 @@ def check_before_loading(args, shipped):
     else:
         out, state_dir = results_path(args, shipped)
     if out and out.is_dir():
-        raise SystemExit(f"error: --out {out} is a folder; give the path of a file")
+        raise FlagError(f"--out {out} is a folder; give the path of a file")
     if out:
         files.check_writable(out.parent, f"--out {out}")
     if args.queries:
@@ -291,8 +293,8 @@ def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_siz
         if state:
             keep = (f"the ranks stay saved in {state.folder}: make room, and the same command "
                     "writes the results without scoring again")
-        raise SystemExit(f"error: cannot write {out} ({e.strerror or e}); the previous file is "
-                         f"kept, and {keep}") from None
+        raise OutputError(f"cannot write {out} ({e.strerror or e}); the previous file is "
+                          f"kept, and {keep}") from None
     # a full ranking is written; an estimate's ranks stay for a larger --limit
     if state and not result["estimate"]:
         shutil.rmtree(state.folder, ignore_errors=True)

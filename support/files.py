@@ -58,11 +58,16 @@ def check_writable(folder, what):
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir():
-        raise SystemExit(f"error: {what}: {folder} is not a folder")
+        raise OutputError(f"{what}: {folder} is not a folder")
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
-        raise SystemExit(f"error: {what}: cannot write in {folder} ({e.strerror or e})") from None
+        raise OutputError(f"{what}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+class OutputError(ValueError):
+    """An output folder or file that cannot be used or written (not a folder, in use by another
+    process, a damaged state of ours, a full disk); the message is one line naming it."""
 
 
 HELD = {}  # folder -> its lock file, held open by this process (until release_folder)
@@ -106,8 +111,8 @@ def refuse_if_held(f, folder, what, instead, mode):
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise SystemExit(f"error: {folder} ({what}) is in use by {holder}: wait for it to end, "
-                         f"or {instead}") from None
+        raise OutputError(f"{folder} ({what}) is in use by {holder}: wait for it to end, "
+                          f"or {instead}") from None
 
 
 def release_folder(folder):

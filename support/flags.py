@@ -3,7 +3,9 @@ parse_args (PRESETS fill what is left open, then every flag is checked before an
 checks that train.py and evaluate.py share, and a run's first lines."""
 import argparse
 import math
+import os
 import re
+import shutil
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -13,6 +15,10 @@ from data import DataError
 from support.graphs import DATASETS, TEXTS, dataset
 from support.devices import DTYPES
 from support.files import project_path
+
+class FlagError(ValueError):
+    """A flag, or a combination of flags, that cannot work; the message is one line naming it."""
+
 
 # --hard-negatives draw from each entity's NEAR nearest entities; --dev-near takes the first
 NEAR = 32
@@ -206,11 +212,11 @@ def check_seq_length(max_seq_length, n_prompts, positions=None, model=None):
     """--max-seq-length counts every position the model sees: the prompts, [CLS], two [SEP] and
     some text."""
     if max_seq_length < 4 + n_prompts:
-        raise SystemExit(f"error: --max-seq-length {max_seq_length} leaves no room for text: the "
-                         f"{n_prompts} prompt tokens, [CLS] and two [SEP] take {3 + n_prompts}")
+        raise FlagError(f"--max-seq-length {max_seq_length} leaves no room for text: the "
+                        f"{n_prompts} prompt tokens, [CLS] and two [SEP] take {3 + n_prompts}")
     if positions is not None and max_seq_length > positions:
-        raise SystemExit(f"error: --max-seq-length {max_seq_length} (prompts included) exceeds the "
-                         f"{positions} positions of {model}")
+        raise FlagError(f"--max-seq-length {max_seq_length} (prompts included) exceeds the "
+                        f"{positions} positions of {model}")
 
 
 def check_model(run, model, loaded):
@@ -218,16 +224,38 @@ def check_model(run, model, loaded):
     positions = loaded.config.max_position_embeddings
     check_seq_length(run.max_seq_length, sum(run.prompts), positions, loaded.path.name)
     if not any(p.requires_grad for p in model.parameters()):
-        raise SystemExit("error: nothing to train (zero-shot needs no training: use evaluate.py "
-                         "--model)")
+        raise FlagError("nothing to train (zero-shot needs no training: use evaluate.py "
+                        "--model)")
+
+
+def check_devices(run, device, ddp, world_size, print0):
+    """train.py's flags that depend on where the run is: before anything loads."""
+    # DDP's gradient all-reduce runs inside the backward a graph captures
+    if run.cudagraphs and ddp:
+        raise FlagError("--cudagraphs trains on one GPU without DDP: leave it out under "
+                        "torchrun")
+    check_compiler(run.compile, device)
+    if run.cudagraphs and device.type != "cuda":
+        print0(f"--cudagraphs: CUDA graphs exist on a GPU only; on {device.type} the step is "
+               "compiled without them")
+    if run.batch % world_size:
+        raise FlagError(f"--batch {run.batch} is not divisible by the {world_size} "
+                        "processes")
+
+
+def check_compiler(compile, device):
+    """torch.compile on a CPU builds C++ kernels: without a compiler, one line before the model
+    loads."""
+    if compile and device.type == "cpu" and not shutil.which(os.environ.get("CXX", "g++")):
+        raise FlagError("--compile on CPU needs a C++ compiler (g++, or $CXX): none found")
 
 
 def total_steps(run, n_train):
     """The steps the run takes: --epochs of n_train // --batch steps, or --max-steps if fewer."""
     steps_per_epoch = n_train // run.batch
     if steps_per_epoch == 0:
-        raise SystemExit(f"error: --batch {run.batch} is larger than the {n_train} train "
-                         "triples")
+        raise FlagError(f"--batch {run.batch} is larger than the {n_train} train "
+                        "triples")
     return min(run.epochs * steps_per_epoch, run.max_steps or run.epochs * steps_per_epoch)
 
 

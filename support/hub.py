@@ -270,8 +270,9 @@ def parse_args(argv=None):
     return args
 
 
-if __name__ == "__main__":
-    args = parse_args()
+def main(argv=None):
+    """python -m support.hub: download, count or check; errors are one line."""
+    args = parse_args(argv)
     try:
         if args.download:
             dataset(args.download, args.data_dir)
@@ -281,3 +282,7 @@ if __name__ == "__main__":
             check(args.check)
     except (DownloadError, data.DataError, bert.CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

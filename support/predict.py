@@ -27,7 +27,9 @@ import numpy as np
 import torch
 
 import data
+from data import DataError
 from support import files
+from support.files import OutputError
 from support.bigrank import Progress
 from support.near import entity_embeddings
 
@@ -233,11 +235,11 @@ def find(ids, texts, query, what, where=None):
             shown = ", ".join(f"{ids[k]} ({texts[k]})" for k in hits[:5])
             if len(hits) > 5:
                 shown += " ..."
-            raise SystemExit(f"error: {at}{what} {query!r} is ambiguous: {shown}; give the id")
+            raise DataError(f"{at}{what} {query!r} is ambiguous: {shown}; give the id")
     near = difflib.get_close_matches(q, [t.lower() for t in texts], n=3, cutoff=0.6)
     new = ", or text:... for an entity that is not in the graph" if what == "entity" else ""
-    raise SystemExit(f"error: {at}no {what} {query!r} (by id or text)" + (
-        f"; did you mean {', '.join(repr(t) for t in near)}?" if near else "") + new)
+    raise DataError(f"{at}no {what} {query!r} (by id or text)" + (
+                    f"; did you mean {', '.join(repr(t) for t in near)}?" if near else "") + new)
 
 
 def parse_query(parts, where):
@@ -264,9 +266,9 @@ def read_queries(args):
             if line.strip():
                 queries.append((*parse_query([p.strip() for p in line.split("\t")], where), where))
     except ValueError as e:  # a line that is no query
-        raise SystemExit(f"error: {e}") from None
+        raise DataError(str(e)) from None
     if not queries:
-        raise SystemExit(f"error: {args.queries}:1: no queries")
+        raise DataError(f"{args.queries}:1: no queries")
     return queries
 
 
@@ -281,8 +283,8 @@ def finished_queries(partial, stamp):
     lines = text.splitlines()
     if lines[:1] != [stamp]:
         first = lines[0] if lines else "empty"
-        raise SystemExit(f"error: {partial} holds a stopped run of other settings ({first}, not "
-                         f"{stamp}); delete it, or choose another --out")
+        raise OutputError(f"{partial} holds a stopped run of other settings ({first}, not "
+                          f"{stamp}); delete it, or choose another --out")
     done = {}
     for line in lines[1:]:
         number, row = line.split("\t", 1)

@@ -15,6 +15,11 @@ DATA = ROOT.parent / "shared" / "data"
 transformers = pytest.importorskip("transformers")
 
 
+def load_folder(d):
+    """bert.load_weights of a model folder's model.safetensors, with its config.json."""
+    return load_weights(d / "model.safetensors", read_config(d / "config.json"))
+
+
 def tiny_hf_config(**kw):
     return transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                                    intermediate_size=37, max_position_embeddings=64, type_vocab_size=2,
@@ -57,7 +62,7 @@ def padded_batch():
 
 @pytest.mark.parametrize("legacy", [False, True])
 def test_parity_with_transformers(hf_model, tmp_path, legacy):
-    model, heads_to_train = load_weights(save_layout(hf_model, tmp_path / "m", legacy))
+    model, heads_to_train = load_folder(save_layout(hf_model, tmp_path / "m", legacy))
     assert heads_to_train == ()
     ids, types, mask = padded_batch()
     with torch.no_grad():
@@ -73,7 +78,7 @@ def test_parity_with_transformers(hf_model, tmp_path, legacy):
 
 
 def test_inputs_embeds_equals_input_ids(hf_model, tmp_path):
-    model, _ = load_weights(save_layout(hf_model, tmp_path / "m", False))
+    model, _ = load_folder(save_layout(hf_model, tmp_path / "m", False))
     ids, types, mask = padded_batch()
     with torch.no_grad():
         a = model.eval()(ids, types, mask).nsp_logits
@@ -87,7 +92,7 @@ def test_missing_nsp_head_is_new_and_trainable(hf_model, tmp_path):
     sd = {k: v.contiguous() for k, v in hf_model.bert.state_dict().items()}  # a BertModel: no "bert." prefix, no cls.*
     save_file(sd, str(d / "model.safetensors"))
     (d / "config.json").write_text(hf_model.config.to_json_string())
-    model, heads_to_train = load_weights(d)
+    model, heads_to_train = load_folder(d)
     assert heads_to_train == ("pooler", "nsp")
     assert not model.nsp.weight.is_meta and model.nsp.weight.abs().sum() > 0 and model.nsp.bias.abs().sum() == 0
 
@@ -163,7 +168,7 @@ def test_bad_checkpoints(hf_model, tmp_path):
     data = (good / "model.safetensors").read_bytes()
     (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="model.safetensors: not a readable safetensors file"):
-        load_weights(truncated)
+        load_folder(truncated)
 
     def variant(name, edit):
         d = tmp_path / name
@@ -176,10 +181,10 @@ def test_bad_checkpoints(hf_model, tmp_path):
 
     unknown = variant("unknown", lambda sd: sd.__setitem__("bert.encoder.layer.0.adapter.weight", torch.zeros(3)))
     with pytest.raises(CheckpointError, match="model.safetensors: unknown key 'bert.encoder.layer.0.adapter.weight'"):
-        load_weights(unknown)
+        load_folder(unknown)
     absent = variant("absent", lambda sd: sd.pop("bert.encoder.layer.2.attention.self.key.bias"))
     with pytest.raises(CheckpointError, match="model.safetensors: missing key for layers.2.k.bias"):
-        load_weights(absent)
+        load_folder(absent)
 
 
 def test_check_cli_reports_heads():
@@ -266,7 +271,7 @@ def test_download_offline_one_line(tmp_path, monkeypatch):
 
 def test_nsp_head_runs_in_fp32_under_bf16_autocast(hf_model, tmp_path):
     """bf16 logits keep 3 significant digits: ranking thousands of candidates on them would manufacture ties."""
-    model, _ = load_weights(save_layout(hf_model, tmp_path / "m", False))
+    model, _ = load_folder(save_layout(hf_model, tmp_path / "m", False))
     ids, types, mask = padded_batch()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = model.eval()(ids, types, mask)

@@ -622,7 +622,7 @@ def test_find_by_id_text_or_unique_ending():
     assert predict.find(ids, texts, "/film/film/genre", "relation") == 2
     assert predict.find(ids, texts, "People Person Profession", "relation") == 0
     assert predict.find(ids, texts, "profession", "relation") == 0  # the only id or text that ends in it
-    with pytest.raises(SystemExit, match="'genre' is ambiguous: /film/film/genre .*, /music/genre"):
+    with pytest.raises(data.DataError, match="'genre' is ambiguous: /film/film/genre .*, /music/genre"):
         predict.find(ids, texts, "genre", "relation")
 
 # ----------------------------------------------------------------------------- estimates carry an interval

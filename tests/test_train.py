@@ -8,6 +8,8 @@ from safetensors.torch import load_file
 
 import data, evaluate, train
 from support import checkpoints, devices, flags, graphs
+from support.files import OutputError
+from support.flags import FlagError
 from support.hub import load_bert
 from conftest import make_bert_dir, write_tiny_kg
 
@@ -184,8 +186,7 @@ def test_cudagraphs_are_refused_under_torchrun_before_the_model_loads(setup, tmp
     """DDP's gradient all-reduce runs inside the backward a CUDA graph would capture: one GPU only."""
     one_rank_group(monkeypatch)
     monkeypatch.setattr(train, "build", lambda *a: pytest.fail("the model loaded"))
-    with pytest.raises(SystemExit, match="^error: --cudagraphs trains on one GPU without DDP: leave it out under "
-                                         "torchrun$"):
+    with pytest.raises(FlagError, match="^--cudagraphs trains on one GPU without DDP: leave it out under torchrun$"):
         train.main(train.parse_args(args(setup, tmp_path, "--compile", "--cudagraphs")))
     train.dist.destroy_process_group()
     assert not (tmp_path / "state.safetensors").exists()
@@ -314,8 +315,8 @@ def test_a_failed_save_keeps_the_last_epoch_and_says_how_to_resume(setup, tmp_pa
         real(path, tensors, meta)
 
     monkeypatch.setattr(checkpoints, "save_atomic", disk_full_in_epoch_2)  # checkpoints and the resume state
-    with pytest.raises(SystemExit, match=r"cannot write .*ckpt.safetensors \(No space left on device\); the previous "
-                                         r"file is kept: fix that and run again with --resume to continue from the last saved state"):
+    with pytest.raises(OutputError, match=r"cannot write .*ckpt.safetensors \(No space left on device\); the previous "
+                                          r"file is kept: fix that and run again with --resume to continue from the last saved state"):
         train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32")))
     state = load_file(tmp_path / "state.safetensors")  # the resume unit still says epoch 1, and --resume finishes
     monkeypatch.setattr(checkpoints, "save_atomic", real)
