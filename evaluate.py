@@ -47,15 +47,15 @@ ERRORS = (DataError, bert.CheckpointError, palt.ConfigError, FlagError, OutputEr
 
 
 # -------------------------------------------------------------------- ranks, metrics, thresholds
-def query_ranks(scores, row, target, known=None):
+def query_ranks(scores, row, target, answer_mask=None):
     """Optimistic (1 + #better) and pessimistic (#better or tied, the target included) rank (n,) of
     candidate target[i] in the score row scores[row[i]] (Q, C): n test triples of Q queries in one
-    op. known (Q, C) bool marks each query's known answers, left out of the ranking (filtered)
+    op. answer_mask (Q, C) bool marks each query's known answers, left out of the ranking (filtered)
     except the target itself; None: raw ranks."""
     s = scores[row]  # (n, C)
     i = torch.arange(len(row), device=s.device)
     t = s[i, target][:, None]
-    keep = torch.ones_like(s, dtype=torch.bool) if known is None else ~known[row]
+    keep = torch.ones_like(s, dtype=torch.bool) if answer_mask is None else ~answer_mask[row]
     keep[i, target] = True
     return 1 + ((s > t) & keep).sum(1), ((s >= t) & keep).sum(1)
 
@@ -155,7 +155,7 @@ class Scorer:
                  compile=False):
         self.model, self.enc, self.prompts = model.eval(), enc, tuple(prompts)
         self.max_seq_length, self.device, self.dtype = max_seq_length, torch.device(device), dtype
-        # measured sweet spots
+        # The token budgets that scored fastest in bench/bench_eval.py (RESULTS.md).
         self.tokens = tokens or (1 << 18 if self.device.type == "cuda" else 1 << 14)
         self.forward = torch.compile(model, dynamic=True) if compile else model
         self.n_tokens = self.n_padded = 0  # real and padded tokens scored: the padding overhead
@@ -163,9 +163,9 @@ class Scorer:
     def batch_end(self, descending, i):
         """Where the batch that starts at row i of the lengths sorted `descending` ends. Rows of
         exactly its first (longest) row's length w, if they fill half the token budget: no padding,
-        no attention mask (SDPA's unmasked kernel is x1.4 on CPU at 12 tokens); else the rows no
-        shorter than w - w // 16, at least MIN_ROWS (a shortlist's small calls: fewer, fuller
-        batches were x1.3 on 2 cores); never more than tokens // w rows. Example, tokens 16384,
+        no attention mask (SDPA's unmasked kernel is the faster one); else the rows no shorter than
+        w - w // 16, at least MIN_ROWS (a shortlist's small calls run faster in fewer, fuller
+        batches); never more than tokens // w rows. Example, tokens 16384,
         lengths 40 x 300 then 38 x 500: 300 x 40 = 12,000 >= 8,192 fills a batch of the 300 rows of
         40; the next batch starts at 38 and takes 431 rows (16384 // 38)."""
         w = int(descending[i])
@@ -264,15 +264,15 @@ def naive_ranks(scorer, lpq, tri):
                 scores = scorer.numpy([(c, r, e) for c in lpq.candidates])
             else:
                 scores = scorer.numpy([(e, r, c) for c in lpq.candidates])
-            known = lpq.filter_pos[lpq.filter_ptr[q]:lpq.filter_ptr[q + 1]]
-            others = set(known) - {answer}  # the filter
+            answer_positions = lpq.filter_pos[lpq.filter_ptr[q]:lpq.filter_ptr[q + 1]]
+            others = set(answer_positions) - {answer}  # the filter
             rivals = np.array([x for j, x in enumerate(scores) if j != answer and j not in others])
             better, tied = (rivals > scores[answer]).sum(), (rivals == scores[answer]).sum()
             rows.append((i, side, 1 + better, 1 + better + tied))
     return np.array(rows, dtype=np.int64).reshape(-1, 4)  # (n, 4), also when n = 0
 
 
-def known_mask(lpq, qs):
+def answer_masks(lpq, qs):
     """(len(qs), C) bool: True at each query's known answers, the true triples of train, dev and
     test (the filter)."""
     mask = torch.zeros((len(qs), len(lpq.candidates)), dtype=torch.bool)
@@ -305,8 +305,8 @@ def rank_queries(score, lpq, tri, queries, block, overlap=None):
         sel = np.nonzero(row_in_block[pair_query] >= 0)[0]
         row = to_device(torch.from_numpy(row_in_block[pair_query[sel]]), scores.device)
         target = to_device(torch.from_numpy(pair_target[sel]), scores.device)
-        known = to_device(known_mask(lpq, qs), scores.device)
-        filtered = query_ranks(scores, row, target, known)
+        answer_mask = to_device(answer_masks(lpq, qs), scores.device)
+        filtered = query_ranks(scores, row, target, answer_mask)
         ranks = torch.stack([*filtered, *query_ranks(scores, row, target)], 1)  # then the raw ones
         if pending:
             yield finish_block(*pending)
@@ -351,34 +351,34 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
 
 
 def dev_metric(model, kg, enc, run, device, dtype, near=None):
-    """(metric, its log line): accuracy at the threshold tuned on dev itself (an upper estimate), or
-    the filtered MRR of the same seeded dev_limit dev triples every epoch, against all entities or a
-    sample; with dev_near, their estimated MR and a signal (no MRR: RESULTS.md, FB15k-237)."""
+    """(figure, its log line) of train.py's dev point: accuracy at the threshold tuned on dev itself
+    (an upper estimate), or the filtered MRR of the same seeded dev_limit dev triples every epoch,
+    against all entities or a sample; with dev_near, their estimated MR and a signal that orders
+    checkpoints as the MRR does but runs ~2x it, so no MRR (RESULTS.md, FB15k-237)."""
     scorer = Scorer(model, enc, run.prompts, run.max_seq_length, device, dtype)
     if kg.task == "tc":
         scores = scorer.numpy(kg.dev)
         acc = best_threshold(scores, kg.dev_labels)[1]
         chance = chance_accuracy(scores, kg.dev_labels)
-        dev = {"metric": "accuracy", "value": acc, "random": chance[0]}
-        return dev, f"accuracy {acc:.4f}" + chance_note(acc, *chance, "accuracy")
+        figure = {"metric": "accuracy", "value": acc, "random": chance[0]}
+        return figure, f"accuracy {acc:.4f}" + chance_note(acc, *chance, "accuracy")
     near = near[:, :run.dev_near] if run.dev_near else None
     m = rank_split(scorer, kg, "dev", run.dev_limit, sample=run.dev_sample, near=near)
     triples = min(run.dev_limit or len(kg.dev), len(kg.dev))
+    figure = {"mr": m["mr"], "triples": triples, "candidates": m["candidates"]}
     if "estimate" in m:  # the big graphs: MR, and a signal that orders checkpoints, but no MRR
-        dev = {"metric": "signal", "value": m["signal"], "mr": m["mr"], "triples": triples,
-               "candidates": m["candidates"], "sampled": False, "estimate": True}
-        return dev, (f"signal {m['signal']:.4f}, MR {m['mr']:.2f} on {triples} dev triples "
-                     f"(stratified estimate, {m['candidates']:,} candidates scored a query: MR "
-                     "unbiased; the signal, the mean of 1 / an estimated rank, orders checkpoints "
-                     "as the exact MRR does but runs ~2x it: not an MRR)")
+        figure |= {"metric": "signal", "value": m["signal"], "sampled": False, "estimate": True}
+        return figure, (f"signal {m['signal']:.4f}, MR {m['mr']:.2f} on {triples} dev triples "
+                        f"(stratified estimate, {m['candidates']:,} candidates scored a query: "
+                        "MR unbiased; the signal, the mean of 1 / an estimated rank, orders "
+                        "checkpoints as the exact MRR does but runs ~2x it: not an MRR)")
     sampled = bool(run.dev_sample and m["candidates"] < len(kg.split_entities))
-    dev = {"metric": "mrr", "value": m["mrr"], "mr": m["mr"], "hits@10": m["hits@10"],
-           "triples": triples, "candidates": m["candidates"], "sampled": sampled,
-           "estimate": False, "random": m["random_mrr"][0]}
+    figure |= {"metric": "mrr", "value": m["mrr"], "hits@10": m["hits@10"], "sampled": sampled,
+               "estimate": False, "random": m["random_mrr"][0]}
     against = f"against {m['candidates']:,} {'sampled ' if sampled else ''}candidates"
     line = (f"mrr {m['mrr']:.4f}, MR {m['mr']:.2f}, Hits@10 {m['hits@10']:.4f} on "
             f"{triples} dev triples {against}")
-    return dev, line + chance_note(m["mrr"], *m["random_mrr"], "MRR")
+    return figure, line + chance_note(m["mrr"], *m["random_mrr"], "MRR")
 
 
 def chance_note(value, mean, sd, what):

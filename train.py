@@ -5,15 +5,14 @@
 
 Read top to bottom: PRESETS (every recipe's settings), the lr schedule, one optimizer step
 (train_step), the loop (train), then the set-up: torchrun's processes, the model and its AdamW
-groups, the negatives, the resumed state (setup). Flag checks, checkpoint files and the dev point's
-figure live in support/.
+groups, the negatives, the resumed state (setup). The dev point's figure is evaluate.dev_metric;
+flag checks and checkpoint files live in support/.
 """
 import json
 import os
 import signal
 import time
 import typing
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +26,9 @@ from bert import autocast
 from data import NegativeSampler, build_batch, encode, seq_lengths, to_device
 from evaluate import ERRORS, dev_metric
 from palt import PaltConfig, build_palt, hold_frozen_linears, param_report
-from support import flags
-from support.checkpoints import (check_output, check_resumable, claim_output, open_log, palt_meta,
-                                 restore, save_run)
+from support import flags, runlog
+from support.checkpoints import (check_output, check_resumable, claim_output, palt_meta, restore,
+                                 save_run)
 from support.devices import compiled, resolve_dtype
 from support.files import release_folder
 from support.graphs import load_kg
@@ -67,7 +66,6 @@ TABLE = [  # recipe, data, then COLUMNS
 PRESETS = {}
 for recipe, name, *values in TABLE:
     PRESETS.setdefault(recipe, {})[name] = {k: v for k, v in zip(COLUMNS, values) if v is not None}
-STOP = []  # the signals received: SIGINT (Ctrl-C) or SIGTERM end a run after the step under way
 
 
 def parse_args(argv=None):
@@ -77,13 +75,13 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------- the recipe
-def learning_rate(step_index, peak, warm, total):
+def learning_rate(step_index, peak, warm, total_steps):
     """The lr of the optimizer step at 0-based `step_index`: a linear warm-up to `peak` over `warm`
-    steps (10% of them by default, --warmup), then a linear decay to zero at `total` (BERT's
-    schedule)."""
+    steps (10% of them by default, --warmup), then a linear decay to zero at `total_steps`
+    (BERT's schedule)."""
     if step_index < warm:
         return peak * (step_index + 1) / warm
-    return peak * max(0.0, (total - step_index) / max(1, total - warm))
+    return peak * max(0.0, (total_steps - step_index) / max(1, total_steps - warm))
 
 
 def adamw(model, params, run, device):
@@ -122,28 +120,29 @@ def train_step(forward, opt, params, batch, n_pos, lr, grad_clip, dtype, device)
     return loss.detach()
 
 
-def train(tr, total):
-    """The training loop, up to step `total`; False if a signal stopped it (saved, to resume).
+def train(tr, total_steps):
+    """The training loop, up to step `total_steps`; False if a signal stopped it (saved, to
+    resume).
     Each epoch draws its negatives and orders its steps; each step sets the lr, takes one optimizer
     step, logs, makes a dev point and saves every --dev-every steps, and stops on a signal; each
     epoch ends with a dev point, best.safetensors if better, ckpt.safetensors and the resume
     state."""
     run, history, kg = tr.run, tr.history, tr.kg
-    warm = max(1, int(run.warmup * total))  # learning_rate's warm-up steps
+    warm = max(1, int(run.warmup * total_steps))  # learning_rate's warm-up steps
     # history["epoch"] and ["step"] count the epochs and steps done; the loops' indices are 0-based
     for epoch_index in range(history["epoch"], run.epochs):
-        if history["step"] >= total:
+        if history["step"] >= total_steps:
             break
         tr.ddp_model.train()
         neg = tr.negatives.negatives(epoch_index)  # (N, K, 3): each train positive's K corruptions
         order = step_order(tr, neg, epoch_index)  # (steps, positives per step on this process)
         first = epoch_index * len(order)  # the epoch's first step: a resumed run starts further on
-        meter = Meter(history["train_wall_s"], tr.device)
-        for i in range(history["step"] - first, min(len(order), total - first)):
+        meter = runlog.Meter(history["train_wall_s"], tr.device)
+        for i in range(history["step"] - first, min(len(order), total_steps - first)):
             step_index = first + i
-            last = i == len(order) - 1 or step_index + 1 == total
+            last_step = i == len(order) - 1 or step_index + 1 == total_steps
             # lr
-            lr = learning_rate(step_index, run.lr, warm, total)
+            lr = learning_rate(step_index, run.lr, warm, total_steps)
             # step: the positives, then their negatives; seeded dropout: --resume replays a step
             torch.manual_seed(run.seed + 1_000_003 * step_index + tr.ddp_rank)
             idx = order[i]
@@ -155,15 +154,15 @@ def train(tr, total):
             history["step"] = step_index + 1
             meter.add(loss, batch)
             # log
-            if history["step"] % run.log_every == 0 or last:
-                tr.log0(meter.line(epoch_index, run.epochs, history["step"], total, lr,
+            if history["step"] % run.log_every == 0 or last_step:
+                tr.log0(meter.line(epoch_index, run.epochs, history["step"], total_steps, lr,
                                    len(triples), tr))
             # dev point and save: every --dev-every steps (the epoch's end saves the rest)
-            if run.dev_every and history["step"] % run.dev_every == 0 and not last:
+            if run.dev_every and history["step"] % run.dev_every == 0 and not last_step:
                 with meter.paused(history):
                     dev_point(tr, round(epoch_index + (i + 1) / len(order), 3), ["state"])
             # stop signal: Ctrl-C, or a kill; this step is kept, saved, and resumes
-            if stop_requested(history["step"], run.log_every, tr.ddp):
+            if runlog.stop_requested(history["step"], run.log_every, tr.ddp):
                 history["train_wall_s"] = meter.wall()
                 save_stopped(tr)
                 return False
@@ -199,83 +198,33 @@ def step_order(tr, neg, epoch_index):
     return epoch_order(lengths, run.batch, epoch_index, run.seed)[:, tr.ddp_rank::tr.world_size]
 
 
-class Meter:
-    """An epoch's figures for the log line: mean loss, sequences a second, padding, ETA; and the
-    training seconds, a dev point's not counted."""
-
-    def __init__(self, wall_s, device):
-        self.wall0, self.t0 = wall_s, time.time()
-        self.loss_sum = torch.zeros((), device=device)  # on the device: no .item(), no wait a step
-        self.n_steps = self.n_real = self.n_padded = 0
-
-    def add(self, loss, batch):
-        self.loss_sum += loss
-        self.n_steps += 1
-        self.n_real += int(batch["attention_mask"].sum())
-        self.n_padded += batch["input_ids"].numel()
-
-    def line(self, epoch_index, epochs, step, total, lr, n_triples, tr):
-        dt = time.time() - self.t0
-        loss = self.loss_sum.item() / self.n_steps
-        per_s = self.n_steps * n_triples * tr.world_size / dt
-        eta = (total - step) * dt / self.n_steps / 60
-        return (f"epoch {epoch_index + 1}/{epochs} step {step}/{total} loss {loss:.4f} "
-                f"lr {lr:.2e} seq/s {per_s:.0f} padded/real {self.n_padded / self.n_real:.2f} "
-                f"{tr.dtype} eta {eta:.1f}m")
-
-    def wall(self):
-        return self.wall0 + time.time() - self.t0
-
-    @contextmanager
-    def paused(self, history):
-        """A dev point within the epoch: the training seconds so far into history, the point's own
-        seconds into no training figure."""
-        history["train_wall_s"] = self.wall()
-        spent = time.time()
-        yield
-        self.t0 += time.time() - spent
-
-
-def stop_requested(step, every, ddp):
-    """Whether to stop after this step: a signal arrived (STOP). Under DDP the processes agree at
-    logged steps only (one all-reduce there), so that every process stops after the same step."""
-    if not ddp:
-        return bool(STOP)
-    if step % every:
-        return False
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    flag = torch.tensor([float(bool(STOP))], device=device)
-    dist.all_reduce(flag)
-    if flag.item() and not STOP:
-        STOP.append("a signal to another process")
-    return bool(flag.item())
-
-
 def save_stopped(tr):
     """Process 0 saves a stopped run's weights and resume state, and says how to go on."""
     if tr.ddp_rank != 0:
         return
     save_run(tr.out, tr.model, tr.opt, tr.params, tr.meta | tr.history, ["ckpt", "state"])
-    tr.log0(f"stopped at step {tr.history['step']} ({STOP[0]}): {tr.out}/ckpt.safetensors holds "
-            f"this step's weights; --resume continues from {tr.out}/state.safetensors")
+    tr.log0(f"stopped at step {tr.history['step']} ({runlog.STOP[0]}): {tr.out}/ckpt.safetensors "
+            f"holds this step's weights; --resume continues from {tr.out}/state.safetensors")
 
 
-def dev_point(tr, epoch, names):
-    """Process 0's dev point at `epoch` (mid-epoch: a fraction) into the history and the log, then
-    the saves `names`; at an epoch's end (ckpt among them) also best.safetensors, if dev is the best
-    so far. The other processes wait."""
+def dev_point(tr, at_epoch, names):
+    """Process 0's dev point at `at_epoch` epochs of training (mid-epoch: a fraction) into the
+    history and the log, then the saves `names`; at an epoch's end (ckpt among them) also
+    best.safetensors, if dev is the best so far. The other processes wait."""
     if tr.ddp_rank == 0:
         history, end = tr.history, "ckpt" in names
         if len(tr.kg.dev):  # a graph of one's own may lack a dev split
-            dev, line = dev_metric(tr.model.eval(), tr.kg, tr.enc, tr.run, tr.device, tr.dtype,
-                                   tr.near)
+            figure, line = dev_metric(tr.model.eval(), tr.kg, tr.enc, tr.run, tr.device, tr.dtype,
+                                      tr.near)
             tr.model.train()
-            history["dev"].append({"epoch": epoch, "step": history["step"], **dev})
-            better = end and (history["best"] is None or dev["value"] > history["best"])
+            history["dev"].append({"epoch": at_epoch, "step": history["step"], **figure})
+            better = end and (history["best"] is None or figure["value"] > history["best"])
             if better:
-                history["best"], history["best_epoch"] = dev["value"], epoch
+                history["best"], history["best_epoch"] = figure["value"], at_epoch
                 names = ["best", *names]
-            where = f"after epoch {epoch}" if end else f"at step {history['step']} (epoch {epoch})"
+            where = f"after epoch {at_epoch}"
+            if not end:
+                where = f"at step {history['step']} (epoch {at_epoch})"
             tr.log0(f"dev {where}: {line}" + (" (best so far)" if better else ""))
             plot.write_curve(tr.out)  # curve.png beside log.txt, where matplotlib is installed
         save_run(tr.out, tr.model, tr.opt, tr.params, tr.meta | history, names)
@@ -351,23 +300,24 @@ def setup(run):
     torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs on the GPU's tensor cores
     torch.backends.cudnn.allow_tf32 = True
     dtype = resolve_dtype(run.dtype, device, warn=master_process)  # bf16 where native, else fp32
-    print0 = Printer(master_process)
+    print0 = runlog.Printer(master_process)
     flags.check_devices(run, device, ddp, world_size, print0)
     out = Path(run.out)
-    state = out / "state.safetensors"
+    state_file = out / "state.safetensors"
     resumed = check_output(out, run.resume)  # before anything loads: nothing lost, no work wasted
-    # the settings and precision now, the base weights and data files once read: before minutes
+    # A resume checks the settings and precision now, and the base weights and data files once
+    # they are read, so that a mismatch is refused before minutes of loading and embedding.
     if resumed:
         check_resumable(resumed, {"run": json.dumps(flags.recorded(run)), "dtype": dtype},
-                        state)
+                        state_file)
     model, kg, enc, meta, params, opt = build(run, dtype, device)
-    if resumed:  # before the nearest-entity pass (minutes on a big graph)
-        check_resumable(resumed, meta, state)
-    total = flags.total_steps(run, len(kg.train))
+    if resumed:  # before the nearest-entity pass, which takes minutes on a big graph
+        check_resumable(resumed, meta, state_file)
+    total_steps = flags.total_steps(run, len(kg.train))
     flags.announce(run, kg, model, f"{dtype} on {device} x {world_size}", print0, PRESETS)
-    finished = bool(resumed) and resumed["step"] >= total  # a finished run resumed: nothing to do
+    finished = bool(resumed) and resumed["step"] >= total_steps  # resumed when done: nothing to do
     near = None
-    if (run.hard_negatives or run.dev_near) and not finished:  # 1 s on umls, 2.5 min WN18RR (CPU)
+    if (run.hard_negatives or run.dev_near) and not finished:  # minutes on a big graph
         t = time.time()
         emb = entity_embeddings(model.bert, kg.split_entities, enc, device, dtype)
         near = nearest_entities(kg, emb, flags.NEAR)
@@ -379,42 +329,33 @@ def setup(run):
     if ddp:  # each process's gradients averaged in backward
         ddp_model = DDP(model, device_ids=[ddp_local_rank] if cuda else None)
     claim_output(out, run.resume, resumed, master_process, ddp)  # a second run into --out: refused
-    history = restore(resumed, state, model, opt, params)
-    log0 = open_log(out, print0) if master_process else print0
-    if run.resume:  # in the log too: a resumed run's log shows where it stopped and continued
-        log0(f"resumed from {state}: epoch {history['epoch']}, step {history['step']}" if resumed
-             else f"--resume: no checkpoint in {out} yet, starting from scratch")
-    return Trainer(run, out, model, ddp_model, compiled(ddp_model, run), opt, params, meta, history,
-                   kg, enc, negatives, near, device, dtype, ddp_rank, world_size, log0), total
-
-
-class Printer:
-    """print0: print for process 0, flushed; silence for the others."""
-
-    def __init__(self, enabled):
-        self.enabled = enabled
-
-    def __call__(self, *args, **kwargs):
-        if self.enabled:
-            print(*args, **kwargs, flush=True)
+    history = restore(resumed, state_file, model, opt, params)
+    log0 = runlog.open_log(out, print0) if master_process else print0
+    # In the log too: a resumed run's log shows where it stopped and continued.
+    if run.resume and resumed:
+        log0(f"resumed from {state_file}: epoch {history['epoch']}, step {history['step']}")
+    elif run.resume:
+        log0(f"--resume: no checkpoint in {out} yet, starting from scratch")
+    tr = Trainer(run, out, model, ddp_model, compiled(ddp_model, run), opt, params, meta, history,
+                 kg, enc, negatives, near, device, dtype, ddp_rank, world_size, log0)
+    return tr, total_steps
 
 
 def main(run):
     """Set the run up, train it, say where its checkpoints are; returns the model."""
-    tr, total = setup(run)
-    stopped = not train(tr, total)
+    tr, total_steps = setup(run)
+    stopped = not train(tr, total_steps)
     history, out = tr.history, tr.out
     if tr.ddp_rank == 0 and not stopped:
         best = ""
         if history["best_epoch"]:
             best = f", best by dev {out}/best.safetensors (epoch {history['best_epoch']})"
-        last = out / "ckpt.safetensors"  # a run copied back without it: state has the same weights
-        if last.exists():
-            last = f"{last} ({last.stat().st_size / 2**20:.1f} MiB)"
-        else:
-            last = f"{out}/state.safetensors"
+        ckpt = out / "ckpt.safetensors"  # a run copied back without it: state has the same weights
+        weights = f"{out}/state.safetensors"
+        if ckpt.exists():
+            weights = f"{ckpt} ({ckpt.stat().st_size / 2**20:.1f} MiB)"
         print(f"trained {history['step']} steps in {history['train_wall_s'] / 60:.1f} min "
-              f"({tr.dtype}); last {last}{best}", flush=True)
+              f"({tr.dtype}); last {weights}{best}", flush=True)
     model = tr.model
     release_folder(out)  # the run folder is free for the next run (a --resume)
     if tr.ddp:  # DDP's reducer holds the group's gloo work: alive when the group is destroyed, it
@@ -426,16 +367,10 @@ def main(run):
     return model
 
 
-def on_signal(signum, frame):
-    """SIGINT (Ctrl-C) or SIGTERM: the run ends after the step under way (under torchrun, after the
-    next logged step, where the processes agree)."""
-    STOP.append(signal.Signals(signum).name)
-
-
 def command_line(argv=None):
     """python train.py ARGS: a signal ends the run after a step, saved; errors are one line."""
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
+        signal.signal(sig, runlog.on_signal)
     try:
         main(parse_args(argv))
     except ERRORS as e:  # one line, no traceback

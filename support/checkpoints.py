@@ -224,13 +224,4 @@ def restore(saved, path, model, opt, params):
     return {k: saved[k] for k in history}
 
 
-def open_log(out, print0):
-    """log0(line): print0 it, and append it to out/log.txt."""
-    out.mkdir(parents=True, exist_ok=True)
-    log = open(out / "log.txt", "a")
-
-    def log0(line):
-        print0(line)
-        print(line, file=log, flush=True)
-    return log0
-
+#END

@@ -32,7 +32,7 @@ def int_list(s, n=()):
     except ValueError:
         t = (-1,)
     if (n and len(t) not in n) or min(t, default=0) < 0:
-        what = "layer numbers like 6,11, or none"
+        what = "layer numbers like 3,5, or none"
         if n:
             what = f"{' or '.join(map(str, n))} non-negative integers like 2,0,0"
         raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
@@ -77,7 +77,7 @@ class Run:
                                       "tail per positive [, self-negatives (h, r, h), (t, r, t)], "
                                       "e.g. 1,0,1,2")
     prompts: tuple | None = setting(parse=prompts_list, help="b,m,e prompt tokens, e.g. 2,0,0")
-    calib: tuple | None = setting(parse=int_list, help="calibrated layers, e.g. 6,11, or none "
+    calib: tuple | None = setting(parse=int_list, help="calibrated layers from 0, e.g. 3,5, or none "
                                   "(default: the middle and the last)")
     no_wp: bool = setting(False, "ablation: no prompt encoder W_p")
     prompt_mlp: bool = setting(False, "re-parametrise the prompts through an MLP")

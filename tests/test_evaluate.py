@@ -995,3 +995,17 @@ def test_predict_flags_a_top_k_whose_scores_are_indistinguishable(trained, lp_ro
     monkeypatch.setattr(palt, "score", lambda logits: real(logits) * 1e4)
     evaluate.main(common)
     assert "note: the top" not in capsys.readouterr().out
+
+
+def test_nan_scores_through_the_python_api_raise_a_score_error_not_system_exit(lp_root):
+    """Predictor.rank on a model whose scores are NaN: a ScoreError (a ValueError) in one line, which a notebook can
+    catch; never SystemExit, which would end the interpreter."""
+    kg = graphs.load_kg("umls", lp_root)
+
+    def nan_scores(triples):
+        return torch.full((len(triples),), float("nan"))
+
+    predictor = evaluate.Predictor(nan_scores, kg, tokenizer=None, info={})
+    with pytest.raises(evaluate.ScoreError, match=r"^the model gives non-finite scores \(NaN/inf\); no ranks computed$"):
+        predictor.rank()
+    assert issubclass(evaluate.ScoreError, ValueError) and not issubclass(evaluate.ScoreError, SystemExit)

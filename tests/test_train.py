@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import data, evaluate, train
-from support import checkpoints, devices, flags, graphs
+from support import checkpoints, devices, flags, graphs, runlog
 from support.files import OutputError
 from support.flags import FlagError
 from support.hub import load_bert
@@ -271,15 +271,15 @@ def test_a_signal_ends_the_run_after_the_step_under_way_and_resume_reaches_the_s
     def signalled_at_step_13(*a, **k):  # as if SIGTERM arrived while step 13 (in epoch 2) ran
         calls.append(1)
         if len(calls) == 13:
-            train.STOP.append("SIGTERM")
+            runlog.STOP.append("SIGTERM")
         return real(*a, **k)
     monkeypatch.setattr(train, "train_step", signalled_at_step_13)
-    monkeypatch.setattr(train, "STOP", [])
+    monkeypatch.setattr(runlog, "STOP", [])
     train.main(train.parse_args(args(setup, tmp_path / "stopped", *pinned)))
     log = (tmp_path / "stopped" / "log.txt").read_text()
     assert f"stopped at step 13 (SIGTERM): {tmp_path / 'stopped'}/ckpt.safetensors" in log and len(calls) == 13
     assert "epoch 3/3" not in log
-    monkeypatch.setattr(train, "STOP", [])
+    monkeypatch.setattr(runlog, "STOP", [])
     resumed = train.main(train.parse_args(args(setup, tmp_path / "stopped", *pinned, "--resume")))
     assert "resumed from" in (tmp_path / "stopped" / "log.txt").read_text().split("stopped at step 13")[1]
     for (name, a), b in zip(straight.named_parameters(), resumed.parameters()):
