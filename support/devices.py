@@ -92,7 +92,8 @@ def auto_dtype(device):
     key = f"{name} | flags {digest} | torch {torch.__version__} | {torch.get_num_threads()} threads"
     path = cache_dir() / "dtype.json"
     cached = read_verdicts(path)
-    where = f"timed once, cached in {str(path).replace(str(Path.home()), '~', 1)}"
+    shown = Path("~") / path.relative_to(Path.home()) if path.is_relative_to(Path.home()) else path
+    where = f"timed once, cached in {shown}"
     speedup = cached.get(key, {}).get("bf16_speedup")
     if not isinstance(speedup, float) or not speedup > 0:  # none yet, or damaged
         speedup = bf16_speedup()
