@@ -345,6 +345,7 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
         lpq = lp_queries(kg, split, np.union1d(drawn, getattr(kg, split)[tri][:, [0, 2]]))
     block = max(1, (1 << 16) // len(lpq.candidates))
     queries = np.unique(lpq.triple_query[tri])
+    scorer = bigrank.Reported(scorer, len(queries) * len(lpq.candidates))  # a line once a minute
     ranks = np.concatenate([r for _, r in rank_queries(scorer, lpq, tri, queries, block)])
     metrics = lp_metrics(ranks)["filtered"]["both"]["realistic"]
     return metrics | {"candidates": len(lpq.candidates), "random_mrr": random_mrr(lpq, tri)}

@@ -299,7 +299,7 @@ def setup(run):
     device = torch.device(f"cuda:{ddp_local_rank}" if cuda else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs on the GPU's tensor cores
     torch.backends.cudnn.allow_tf32 = True
-    dtype = resolve_dtype(run.dtype, device, warn=master_process)  # bf16 where native, else fp32
+    dtype = resolve_dtype(run.dtype, device, warn=master_process)  # says which, and why
     print0 = runlog.Printer(master_process)
     flags.check_devices(run, device, ddp, world_size, print0)
     out = Path(run.out)

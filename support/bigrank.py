@@ -16,6 +16,7 @@ from support.files import OutputError
 
 NO_ROWS = np.zeros((0, 6), np.int64)  # no ranks yet: rows are (test triple, side, four ranks)
 EVERY_S = 50  # seconds between progress lines
+FIRST_S = 10  # seconds of a wait before its first progress line
 PIECE_S = 10  # seconds of work between progress updates, once the rate is measured
 
 
@@ -37,14 +38,19 @@ def timed_pieces(n, first, most, seconds=PIECE_S):
         size = max(1, min(most, int(rate * seconds)))
 
 
-class Progress:
-    """done/total, rate and ETA on stderr, a line every EVERY_S seconds; `whole` (units in the whole
-    split) adds its time, once."""
+def master():
+    """True in the process that prints: the only one, or torchrun's process 0."""
+    return not dist.is_initialized() or dist.get_rank() == 0
 
-    def __init__(self, total, unit, enabled=True, whole=None, first=15):
+
+class Progress:
+    """done/total, rate and ETA on stderr, the first line after FIRST_S seconds, then one every
+    EVERY_S seconds; `whole` (units in the whole split) adds its time, once."""
+
+    def __init__(self, total, unit, enabled=True, whole=None):
         self.total, self.unit, self.enabled, self.whole, self.done = total, unit, enabled, whole, 0
         self.t0 = time.time()
-        self.shown, self.printed = self.t0 - EVERY_S + first, -1
+        self.shown, self.printed = self.t0 - EVERY_S + FIRST_S, -1
 
     def update(self, n, force=False):
         """n more done; a line if EVERY_S seconds have passed since the last (force: if anything is
@@ -66,6 +72,35 @@ class Progress:
         print(f"{self.done:,}/{self.total:,} {self.unit} ({speed}, ETA {eta}{whole})",
               file=sys.stderr, flush=True)
         self.shown, self.whole, self.printed = now, None, self.done
+
+    def end(self):
+        """The closing line, where the wait printed one before: a short wait stays silent."""
+        if self.printed >= 0:
+            self.update(0, force=True)
+
+
+def scored_pieces(score, triples, progress):
+    """[score(a piece), ...]: the triples scored in timed_pieces (the first 256 long), each counted
+    by `progress`: a line at least once a minute however slow the scoring. No triples: one call."""
+    parts = []
+    for i, j in timed_pieces(len(triples), 256, len(triples)):
+        parts.append(score(triples[i:j]))
+        progress.update(j - i)
+    return parts or [score(triples)]
+
+
+class Reported:
+    """A scorer whose calls are scored in pieces and counted in one Progress of `total` triples (the
+    closing line once they are scored): rank_split's ranking, a line at least once a minute."""
+
+    def __init__(self, scorer, total, unit="triples scored"):
+        self.scorer, self.progress = scorer, Progress(total, unit, master())
+
+    def __call__(self, triples):
+        scores = torch.cat(scored_pieces(self.scorer, triples, self.progress))
+        if self.progress.done >= self.progress.total:
+            self.progress.end()
+        return scores
 
 
 def hms(seconds):
@@ -175,7 +210,11 @@ def stratified_ranks(scorer, lpq, tri, seed, near, draws, middle=None, posterior
             columns = columns[::-1]  # (e, r, c): c is the tail
         batch.append(np.stack(columns, 1))
         parts.append([(len(d), len(s)) for d, (s, _) in zip(drawn, strata)])  # (drawn, of n)
-    scores, at, ranks, expected = scorer.numpy(np.concatenate(batch)), 0, [], []
+    triples = np.concatenate(batch)
+    progress = Progress(len(triples), "triples scored for the stratified estimate", master())
+    scores = np.concatenate(scored_pieces(scorer.numpy, triples, progress))
+    progress.end()
+    at, ranks, expected = 0, [], []
     post = np.random.default_rng([seed, 1])  # apart from the draws: the ranks stay as they were
     for part in parts:  # per query: the answer's score, then each stratum's candidates
         width = 1 + sum(k for k, _ in part)

@@ -1,38 +1,142 @@
-"""Where the work runs: the autocast precision a CPU or GPU gets, evaluate.py's torchrun processes,
-and torch.compile. Imports nothing of the project."""
+"""Where the work runs: the autocast precision a CPU or GPU gets (on a CPU with native bf16, the
+faster of the two, timed once and cached), evaluate.py's torchrun processes, and torch.compile.
+Imports only support.files of the project."""
+import hashlib
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-# autocast precisions: weights, optimizer state, loss and NSP head stay fp32
+from support import files
+
+# autocast precisions: trained weights, optimizer state, loss and NSP head stay fp32; under bf16 the
+# encoder's frozen linears are held in bf16 (palt.hold_frozen_linears: cast once, bit-identical)
 DTYPES = ("auto", "fp32", "bf16")
+# auto takes bf16 on a CPU with native bf16 only where its matmuls run at least this much faster:
+# some CPUs with AVX512_BF16 and no AMX run them slower than fp32
+BF16_MARGIN = 1.10
+# the timed shape: a scoring batch's share of tokens through the default MiniLM's feed-forward block
+# (H = 384 -> 4H -> H), small enough to cost well under a second
+TIMED_ROWS, TIMED_HIDDEN = 4096, 384
+
+
+def cache_dir():
+    """Where computed-once results are kept: $PALT_CACHE, else $XDG_CACHE_HOME/palt, else
+    ~/.cache/palt."""
+    if os.environ.get("PALT_CACHE"):
+        return Path(os.environ["PALT_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "palt"
+
+
+def cpu_info(cpuinfo="/proc/cpuinfo"):
+    """(model name, flags) of this CPU from /proc/cpuinfo; ('unknown', empty) where there is none
+    (macOS, Windows)."""
+    try:
+        lines = Path(cpuinfo).read_text().splitlines()
+    except OSError:
+        return "unknown", frozenset()
+    fields = [line.partition(":") for line in lines]
+    names = [value.strip() for key, _, value in fields if key.strip() == "model name"]
+    flags = [value.split() for key, _, value in fields if key.strip() == "flags"]
+    return (names or ["unknown"])[0], frozenset(flags[0] if flags else ())
 
 
 def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):
-    """True where the CPU has bf16 dot products (AVX512_BF16, AMX), ~3x fp32's speed; elsewhere bf16
-    is slower."""
-    try:
-        return not {"avx512_bf16", "amx_bf16"}.isdisjoint(Path(cpuinfo).read_text().split())
-    except OSError:
-        return False
+    """True where the CPU has bf16 dot products (AVX512_BF16, AMX); elsewhere bf16 is emulated, far
+    slower than fp32."""
+    return not {"avx512_bf16", "amx_bf16"}.isdisjoint(cpu_info(cpuinfo)[1])
 
 
 def resolve_dtype(choice, device, warn=False):
-    """'auto' | 'fp32' | 'bf16' -> 'fp32' | 'bf16'; auto = bf16 on CUDA and on CPUs with native
-    bf16, else fp32. warn: say so on stderr where bf16 is asked of a CPU that only emulates it."""
+    """'auto' | 'fp32' | 'bf16' -> 'fp32' | 'bf16'; auto = bf16 on CUDA, fp32 on a CPU without
+    native bf16, and on one with it whichever runs the model's matmuls faster here (auto_dtype).
+    warn (the process that logs): auto's choice and why, one line on stderr; a warning where bf16 is
+    asked of a CPU that only emulates it. Under torchrun every process takes process 0's choice."""
     if choice not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, not {choice!r}")
-    native = torch.device(device).type == "cuda" or cpu_has_native_bf16()
+    cpu = torch.device(device).type == "cpu"
     # measured: emulated bf16 is ~100x slower than fp32
-    if choice == "bf16" and not native and warn:
+    if choice == "bf16" and cpu and warn and not cpu_has_native_bf16():
         print("warning: this CPU has no native bf16 (AVX512_BF16/AMX): --dtype bf16 is emulated "
               "and far slower than fp32 (--dtype auto picks fp32 here)", file=sys.stderr)
     if choice != "auto":
         return choice
-    return "bf16" if native else "fp32"
+    if cpu and dist.is_initialized():  # one precision for all: process 0 times, the others wait
+        verdict = [auto_dtype(device) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(verdict, src=0)
+        dtype, why = verdict[0]
+    else:
+        dtype, why = auto_dtype(device)
+    if warn:
+        print(f"precision: {dtype} ({why})", file=sys.stderr, flush=True)
+    return dtype
+
+
+def auto_dtype(device):
+    """(dtype, why) of --dtype auto: bf16 on a GPU; fp32 on a CPU without native bf16; on one with
+    it, bf16 where its feed-forward pass (bf16_speedup) is at least BF16_MARGIN times fp32's speed,
+    timed once per CPU model, flags, torch version and thread count and kept in
+    cache_dir()/dtype.json (unreadable: timed again; unwritable: timed at every start)."""
+    if torch.device(device).type == "cuda":
+        return "bf16", "GPU"
+    if not cpu_has_native_bf16():
+        return "fp32", "this CPU has no native bf16"
+    name, flags = cpu_info()
+    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12]
+    key = f"{name} | flags {digest} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    path = cache_dir() / "dtype.json"
+    cached = read_verdicts(path)
+    shown = Path("~") / path.relative_to(Path.home()) if path.is_relative_to(Path.home()) else path
+    where = f"timed once, cached in {shown}"
+    speedup = cached.get(key, {}).get("bf16_speedup")
+    if not isinstance(speedup, float) or not speedup > 0:  # none yet, or damaged
+        speedup = bf16_speedup()
+        verdicts = cached | {key: {"bf16_speedup": round(speedup, 4)}}
+        try:
+            files.write_atomic(path, lambda f: f.write(json.dumps(verdicts, indent=1).encode()))
+        except OSError as e:
+            where = f"timed now: {path} cannot be written ({e.strerror or e}), timed again next run"
+    dtype = "bf16" if speedup >= BF16_MARGIN else "fp32"
+    return dtype, f"bf16 matmuls {speedup:.2f}x fp32's speed here, {where}"
+
+
+def read_verdicts(path):
+    """{key: {"bf16_speedup": x}} of the cache file; {} where it is missing or damaged (then the
+    speed is timed again and the file rewritten)."""
+    try:
+        verdicts = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(verdicts, dict):
+        return {}
+    return {k: v for k, v in verdicts.items() if isinstance(v, dict)}
+
+
+def bf16_speedup(rows=TIMED_ROWS, hidden=TIMED_HIDDEN, repeats=3):
+    """fp32's seconds over bf16's (> 1: bf16 is faster) for (rows, hidden) states through a
+    feed-forward block as the model runs it: under bf16 autocast with bf16 weights (the frozen
+    linears, palt.hold_frozen_linears), else in fp32. The fastest of `repeats` passes each,
+    alternated after a warm-up each, so that a burst of other work hits both alike."""
+    g = torch.Generator().manual_seed(0)  # the global seed stays as it was
+    x = torch.randn(rows, hidden, generator=g)
+    up = torch.randn(4 * hidden, hidden, generator=g) / hidden ** 0.5
+    down = torch.randn(hidden, 4 * hidden, generator=g) / (2 * hidden)
+    weights = [up, torch.zeros(4 * hidden), down, torch.zeros(hidden)]
+    held = {"fp32": weights, "bf16": [w.to(torch.bfloat16) for w in weights]}
+    best = {"fp32": float("inf"), "bf16": float("inf")}
+    for k in range(repeats + 1):
+        for dtype, (w1, b1, w2, b2) in held.items():
+            t = time.perf_counter()
+            with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, dtype == "bf16"):
+                F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+            if k:  # the first pass of each warms up
+                best[dtype] = min(best[dtype], time.perf_counter() - t)
+    return best["fp32"] / best["bf16"]
 
 
 def init_distributed(dtype_choice):

@@ -77,13 +77,13 @@ class Run:
                                       "tail per positive [, self-negatives (h, r, h), (t, r, t)], "
                                       "e.g. 1,0,1,2")
     prompts: tuple | None = setting(parse=prompts_list, help="b,m,e prompt tokens, e.g. 2,0,0")
-    calib: tuple | None = setting(parse=int_list, help="calibrated layers from 0, e.g. 3,5, or none "
-                                  "(default: the middle and the last)")
+    calib: tuple | None = setting(parse=int_list, help="calibrated layers from 0, e.g. 3,5, or "
+                                  "none (default: the middle and the last)")
     no_wp: bool = setting(False, "ablation: no prompt encoder W_p")
     prompt_mlp: bool = setting(False, "re-parametrise the prompts through an MLP")
     finetune: bool = setting(False, "train the whole LM, no PALT parts (KG-BERT's row)")
-    dtype: str = setting("auto", "autocast: auto = bf16 on GPU and on CPUs with native bf16, else "
-                         "fp32", choices=DTYPES)
+    dtype: str = setting("auto", "autocast: auto = bf16 on a GPU, and on a CPU with native bf16 "
+                         "where it times faster (once, cached), else fp32", choices=DTYPES)
     compile: bool | None = setting(help="torch.compile the step (recipe gpu does; on CPU it needs "
                                    "g++)")
     cudagraphs: bool = setting(False, "with --compile on one GPU: replay each padded length's step "

@@ -12,13 +12,12 @@ round one each; following the best as many as the best source): FB15k-237's best
 them, WN18RR's mostly from near e. e's train answers come first where they are few (at most a
 quarter of the list). The rounds stop early once the best 15 stayed the same for PATIENCE rounds
 (after at least MIN_SHARE of the list): most queries settle within about half of it, and the list's
-size is what the hard ones may take. Anchor scores and embeddings are computed once and cached on
-disk ($PALT_CACHE, else ~/.cache/palt), keyed by the checkpoint, the base weights and the data; the
-shipped WN18RR adapter's anchors ship in weights/anchors/. --lp and --tc never use it: their metrics
-score every candidate.
+size is what the hard ones may take. Anchor scores and embeddings are computed once (minutes on a
+big graph, with progress lines) and cached on disk (devices.cache_dir), keyed by the checkpoint, the
+base weights and the data; the shipped WN18RR adapter's anchors ship in weights/anchors/. --lp and
+--tc never use it: their metrics score every candidate.
 """
 import difflib
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,8 +28,9 @@ import torch
 import data
 from data import DataError
 from support import files
+from support.bigrank import Progress, scored_pieces
+from support.devices import cache_dir
 from support.files import OutputError
-from support.bigrank import Progress
 from support.near import entity_embeddings
 
 # candidates scored a query at most, by bench/shortlist.py's table (RESULTS.md); the rounds, the
@@ -55,10 +55,6 @@ def query_triples(e, r, side, cand):
     0."""
     fixed, rel = np.full(len(cand), e), np.full(len(cand), r)
     return np.stack([fixed, rel, cand] if side else [cand, rel, fixed], 1)
-
-
-def cache_dir():
-    return Path(os.environ.get("PALT_CACHE") or Path.home() / ".cache" / "palt")
 
 
 class Shortlist:
@@ -143,10 +139,14 @@ class Shortlist:
         if best is not None:
             return best
         t = time.time()
-        s = self.scorer.numpy(query_triples(a, r, side, self.cand))
+        what = f"anchor ({self.kg.entities[a]}, {self.kg.relations[r]}, side {side})"
+        # every candidate scored: minutes on a big graph, said once a minute
+        progress = Progress(len(self.cand), f"candidates scored for the {what}")
+        s = np.concatenate(scored_pieces(self.scorer.numpy, query_triples(a, r, side, self.cand),
+                                         progress))
+        progress.end()
         best = self.cand[np.argsort(-s, kind="stable")[:KEEP]]
         save(path, best)
-        what = f"anchor ({self.kg.entities[a]}, {self.kg.relations[r]}, side {side})"
         self.built.append((what, time.time() - t))
         return best
 

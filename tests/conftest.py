@@ -1,5 +1,5 @@
 """Shared helpers: a tiny BERT checkpoint in Hugging Face's layout, written by the tests themselves; --device."""
-import json, os, random, re
+import json, os, random, re, tempfile
 import numpy as np
 import pytest
 import torch
@@ -85,6 +85,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # The precision verdict and the shortlist's parts are cached per machine: the tests keep theirs in a folder of
+    # their own, never in the user's ~/.cache/palt (subprocesses inherit it).
+    os.environ["PALT_CACHE"] = tempfile.mkdtemp(prefix="palt-test-cache-")
     choice = config.getoption("--device")
     if choice == "cpu":  # before anything asks CUDA: train.py and evaluate.py (and their subprocesses) see no GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = ""

@@ -1009,3 +1009,94 @@ def test_nan_scores_through_the_python_api_raise_a_score_error_not_system_exit(l
     with pytest.raises(evaluate.ScoreError, match=r"^the model gives non-finite scores \(NaN/inf\); no ranks computed$"):
         predictor.rank()
     assert issubclass(evaluate.ScoreError, ValueError) and not issubclass(evaluate.ScoreError, SystemExit)
+
+
+# ----------------------------------------------------------------------------- progress on long waits
+class SlowClock:
+    """A stand-in for the time module on a slow machine: every reading 20 s after the one before."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self):
+        self.now += 20
+        return self.now
+
+
+def progress_lines(err):
+    """The progress lines on stderr: done/total unit (rate, ETA ...)."""
+    return [line for line in err.splitlines() if re.fullmatch(r"[\d,]+/[\d,]+ .+ \(.+, ETA \d+:\d\d:\d\d.*\)", line)]
+
+
+def test_the_first_shortlisted_query_says_how_its_embeddings_and_anchor_come_along(trained, lp_root, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """On a big graph the first --predict embeds every candidate and scores every one for an anchor (minutes on a
+    CPU): progress lines with a count and an ETA on stderr, the first within ~10 s, then at least once a minute
+    (here on a slow clock, --shortlist lowering the threshold). The next query reads both from the cache: silent."""
+    path, *_ = trained
+    monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(bigrank, "time", SlowClock())
+    base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--dtype", "fp32", "--shortlist", "8", "apple",
+            "part of"]
+    evaluate.main(base)
+    lines = progress_lines(capsys.readouterr().err)
+    assert any(line.startswith("10/10 entities embedded (") for line in lines), lines
+    assert any(line.startswith("10/10 candidates scored for the anchor (e3, r0, side 1) (") for line in lines), lines
+    evaluate.main(base)
+    assert progress_lines(capsys.readouterr().err) == []
+
+
+def test_the_nearest_entity_pass_and_dev_rankings_report_progress_and_a_quick_one_stays_silent(trained, capsys,
+                                                                                               monkeypatch):
+    """train.py's nearest-entity pass (support/near.py) and its dev point (evaluate.rank_split, exact or the big graphs'
+    stratified estimate) print progress lines on a slow machine, with the same results; on a fast one, nothing."""
+    from support import near
+    _, model, kg, enc = trained
+    score = FnScorer(lambda t: (t[:, 0] * 7 + t[:, 2] * 3 % 10).astype(np.float32))
+
+    def run():
+        emb = near.entity_embeddings(model.bert, kg.split_entities, enc)
+        nearest = near.nearest_entities(kg, emb, 4)
+        exact = evaluate.rank_split(score, kg, "dev")
+        estimate = evaluate.rank_split(score, kg, "dev", sample=3, near=nearest)
+        return emb, nearest, exact, estimate
+    quick = run()
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(bigrank, "time", SlowClock())
+    slow = run()
+    units = [line.split(" (")[0].split(" ", 1)[1] for line in progress_lines(capsys.readouterr().err)]
+    assert {"entities embedded", "entities' nearest found", "triples scored",
+            "triples scored for the stratified estimate"} <= set(units), units
+    assert torch.equal(quick[0], slow[0]) and np.array_equal(quick[1], slow[1])
+    assert quick[2]["mrr"] == slow[2]["mrr"] and quick[3] == slow[3]
+
+
+def test_evaluate_says_its_precision_once_and_the_python_api_stays_quiet(trained, lp_root, tmp_path, capsys,
+                                                                         monkeypatch):
+    path, *_ = trained
+    monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
+    evaluate.main(["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "apple", "part of"])
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("precision: ")]
+    assert re.fullmatch(r"precision: (fp32|bf16) \(.+\)", line)
+    evaluate.load(path, data_dir=lp_root).score([("apple", "part of", "stone")])
+    assert "precision" not in capsys.readouterr().err
+
+
+def test_a_wait_says_how_far_it_is_within_10_s_then_at_least_once_a_minute_and_ends_only_if_it_spoke(monkeypatch,
+                                                                                                       capsys):
+    clock = Clock()
+    monkeypatch.setattr(bigrank, "time", clock)
+    progress, printed = bigrank.Progress(100, "things"), []
+    for second in range(1, 101):
+        clock.now = second
+        progress.update(1)
+        if capsys.readouterr().err:
+            printed.append(second)
+    assert printed[0] <= 11 and np.diff([*printed, 100]).max() <= 60
+    progress.end()
+    assert capsys.readouterr().err == "100/100 things (1.0/s, ETA 0:00:00)\n"
+    quick = bigrank.Progress(5, "things")
+    clock.now += 9
+    quick.update(5)
+    quick.end()
+    assert capsys.readouterr().err == ""

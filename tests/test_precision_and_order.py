@@ -1,32 +1,13 @@
-"""Mixed precision and length-bucketed training order: the choices `--dtype auto` makes, what bf16 keeps exact,
-and an epoch order that is a permutation, the same on every rank, and padded little."""
+"""Mixed precision and length-bucketed training order: what bf16 keeps exact (the choices `--dtype auto` makes:
+test_dtype.py), and an epoch order that is a permutation, the same on every rank, and padded little."""
 import numpy as np
-import pytest
 import torch
 
-from support import devices, hub
+from support import hub
 import train
 from bert import autocast
-from support.devices import resolve_dtype
 from conftest import make_bert_dir
 from palt import PALT, PaltConfig
-
-
-@pytest.mark.parametrize("native, device, want", [(True, "cpu", "bf16"), (False, "cpu", "fp32"),
-                                                  (False, "cuda", "bf16"), (True, "cuda", "bf16")])
-def test_auto_is_bf16_on_gpu_and_on_cpus_with_native_bf16_only(monkeypatch, native, device, want):
-    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: native)  # the /proc/cpuinfo flag check, mocked
-    assert resolve_dtype("auto", device) == want
-    assert resolve_dtype("fp32", device) == "fp32" and resolve_dtype("bf16", device) == "bf16"  # explicit wins
-    with pytest.raises(ValueError):
-        resolve_dtype("fp16", device)
-
-
-def test_the_cpu_flag_is_read_from_cpuinfo(tmp_path):
-    for flags, want in (("fpu avx512f avx512_bf16 sse", True), ("fpu amx_bf16", True), ("fpu avx512f avx2", False)):
-        (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-        assert devices.cpu_has_native_bf16(tmp_path / "cpuinfo") is want
-    assert devices.cpu_has_native_bf16(tmp_path / "missing") is False  # no /proc (macOS, Windows): fp32
 
 
 def test_fp32_is_the_exact_path_even_inside_an_outer_bf16_autocast(tmp_path):
