@@ -1,0 +1,708 @@
+"""A hyper-parameter search over train.py's recipes, on Optuna: each trial one train.py run, pruned
+at its dev points; the study in SQLite in the search's folder, so that a search stopped at any
+point resumes with the same command.
+
+    python -m support.tune --data umls --method palt --trials 40 --out runs/tune-umls-palt
+    python -m support.tune --data umls --method finetune --max-epochs 4 --dev-limit 100 ...
+    python -m support.tune ... --space 'lr=1e-4:1e-3,epochs=2:4,negatives=1,1,1|5,5,5'
+    python -m support.tune ... -- --text long  (flags after -- go to every trial's train.py)
+    python -m support.tune ... --join  (one more worker on the same --out: another core or machine)
+
+SPACE (in this file) is what is searched, one row a train.py flag: a range (log: on a log scale)
+or choices, for each method (palt; finetune: the whole LM, train.py --finetune). --space narrows or
+moves rows (name=low:high, name=value, name=a|b|c); --max-epochs caps the epochs of both methods
+alike. Every trial trains as `python train.py ... --seed S --out OUT/trials/N`, one seed for all
+(--seed, 42); its value is its best dev figure at an epoch's end (MRR on link prediction, accuracy
+on triple classification), the one train.py keeps best.safetensors by. Each dev point goes to
+Optuna at step 1000 x its epoch (epochs in thousandths, so that recipes of other batch sizes meet
+at the same steps), where the pruner ends a trial that falls behind (--pruner median: below the
+median of the finished trials at that step, once --startup-trials have finished; halving:
+successive halving; none): its train.py is killed, and the trial counts as pruned.
+
+OUT holds study.db (Optuna's storage: settings and dev figures, no weights), trials.tsv (a row a
+trial: number, state, value, settings, the dev figure at each epoch, steps, wall seconds; rewritten
+after each trial), best.txt (the best trial's train.py line, every setting spelled out) and
+trials/N/ (train.py's log.txt and its output, train.out; the *.safetensors go when the trial ends).
+A search ended by Ctrl-C, kill -9 or a machine gone resumes with the same command: finished trials
+are kept, and a trial that was running trains again with its settings in its folder, from its
+last saved state (train.py --resume). Ctrl-C lets the running train.py save first; where the
+search dies at once, the kernel ends its train.py too (Linux).
+
+--join: a second search on the same OUT (without it, a folder in use is refused) works on the same
+study beside the first, one trial a worker at a time: on another core, or on another machine that
+sees OUT on a shared file system with working locks. optuna is an optional extra, as matplotlib
+is for plot.py: pip install optuna.
+"""
+import argparse
+import contextlib
+import ctypes
+import fcntl
+import functools
+import io
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+try:
+    import optuna
+except ImportError:  # an optional extra: main says how to install it
+    optuna = None
+
+import plot
+import train
+from bert import CheckpointError
+from palt import ConfigError
+from support import files, flags, hub
+from support.graphs import DataError
+
+NO_OPTUNA = "support.tune needs optuna: pip install optuna"
+TRAIN = files.ROOT / "train.py"
+STEPS_AN_EPOCH = 1000  # a dev point's Optuna step: its epoch in thousandths (train.py rounds to 3)
+POLL_S = 0.25  # how often the running trial's log is read
+FAILURES_IN_A_ROW = 3  # then the search ends: something is wrong with every trial, not one recipe
+STOP = []  # the signals received (SIGINT, SIGTERM): the search ends once its train.py has saved
+
+# ----------------------------------------------------------------------------- the search space
+# One row a train.py flag (a field of flags.Run): how it is drawn, then its range for each method
+# (None: not searched there, train.py's default or the recipe's). log: a float on a log scale from
+# low to high; float, int: uniform from low to high; choice: one of them. calib's middle and last
+# are the model's own layers.
+SPACE = [  # name, kind, palt, finetune
+    ("lr",        "log",    (1e-5, 3e-3),                     (1e-5, 3e-4)),
+    ("head_lr",   "log",    (1e-5, 3e-3),                     None),
+    ("batch",     "choice", (8, 16, 32),                      (8, 16, 32)),
+    ("negatives", "choice", ("1,1,1", "5,5,5"),               ("1,1,1", "5,5,5")),
+    ("epochs",    "int",    (1, 8),                           (1, 8)),
+    ("warmup",    "float",  (0.0, 0.2),                       (0.0, 0.2)),
+    ("prompts",   "choice", ("2,0,0", "10,10,10", "0,0,0"),   None),
+    ("calib",     "choice", ("middle,last", "last", "none"),  None),
+]
+METHODS = ("palt", "finetune")  # SPACE's last two columns
+# what a method sets beside its space (flags.parse_args gives --finetune no prompts, calib or W_p)
+METHOD_FLAGS = {"palt": [], "finetune": ["--finetune"]}
+# train.py's flags that the search sets itself; the searched ones are refused after -- as well
+OWN_FLAGS = ("data", "model", "recipe", "data_dir", "seed", "out", "resume", "finetune",
+             "dev_limit")
+
+
+class TuneError(ValueError):
+    """A search that cannot start or go on (one line)."""
+
+
+class Stopped(Exception):
+    """A signal ended the search; its running trial resumes with the same command."""
+
+
+@dataclass
+class Param:
+    """A searched flag: its kind (log, float, int, choice) and values: (low, high) or the
+    choices."""
+    name: str
+    kind: str
+    values: tuple
+
+    def distribution(self):
+        """Optuna's distribution of the parameter."""
+        if self.kind == "choice":
+            return optuna.distributions.CategoricalDistribution(self.values)
+        if self.kind == "int":
+            return optuna.distributions.IntDistribution(*self.values)
+        return optuna.distributions.FloatDistribution(*self.values, log=self.kind == "log")
+
+    def corners(self):
+        """The values train.py must take: each choice, or the range's ends."""
+        return tuple(dict.fromkeys(self.values))
+
+    def draw(self, trial):
+        """The trial's value: Optuna's sampler draws it (or gives the one drawn before)."""
+        if self.kind == "choice":
+            return trial.suggest_categorical(self.name, self.values)
+        if self.kind == "int":
+            return trial.suggest_int(self.name, *self.values)
+        return trial.suggest_float(self.name, *self.values, log=self.kind == "log")
+
+
+def flag_text(value):
+    """A setting as train.py's flag takes it: floats to 3 significant digits."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def split_space(text):
+    """'lr=1e-4:1e-3,negatives=1,1,1|5,5,5' -> {'lr': '1e-4:1e-3', 'negatives': '1,1,1|5,5,5'}:
+    a comma starts a new item only before a name=."""
+    items = []
+    for piece in text.split(","):
+        if "=" in piece:
+            items.append(piece)
+        elif items:
+            items[-1] += "," + piece
+        else:
+            raise TuneError(f"--space {text}: expected items like lr=1e-4:1e-3,batch=8|16")
+    return {name.strip().replace("-", "_"): value.strip()
+            for name, value in (item.split("=", 1) for item in items)}
+
+
+def parse_values(name, kind, table, text):
+    """--space's text for one row: 'low:high' or 'value' for a range, 'a|b|c' for choices; values
+    of the table's own type."""
+    where = f"--space {name}={text}"
+    if not text:
+        raise TuneError(f"{where}: no values (give low:high, a value, or choices a|b)")
+    if kind == "choice":
+        if ":" in text:
+            raise TuneError(f"{where}: {name} takes choices like {'|'.join(map(str, table))}, "
+                            "not a range")
+        pieces = text.split("|")
+    else:
+        if "|" in text:
+            raise TuneError(f"{where}: {name} takes a range like {table[0]}:{table[1]}, not "
+                            "choices")
+        pieces = text.split(":", 1)
+    pieces = [p.strip() for p in pieces]
+    if "" in pieces:
+        raise TuneError(f"{where}: an empty value")
+    kind_of = type(table[0]) if kind == "choice" else {"int": int}.get(kind, float)
+    try:
+        values = tuple(kind_of(p) for p in pieces)
+    except ValueError:
+        raise TuneError(f"{where}: not {kind_of.__name__} values") from None
+    if kind != "choice" and len(values) == 1:
+        values = values * 2  # one value: the range from it to itself
+    if kind != "choice" and values[0] > values[1]:
+        raise TuneError(f"{where}: an empty range ({values[0]} > {values[1]})")
+    if kind == "log" and values[0] <= 0:
+        raise TuneError(f"{where}: a log scale starts above 0")
+    return values
+
+
+def layer_choices(choices, n_layers):
+    """calib's choices as layer numbers (0-based, as train.py's --calib takes them): middle and
+    last are the model's n_layers // 2 and n_layers - 1; alike choices once."""
+    words = {"middle": n_layers // 2, "last": n_layers - 1}
+    out = []
+    for choice in choices:
+        if choice == "none":
+            out.append(choice)
+            continue
+        try:
+            layers = {words[w] if w in words else int(w) for w in choice.split(",")}
+        except ValueError:
+            raise TuneError(f"calib {choice}: layer numbers, middle, last or none") from None
+        if max(layers) >= n_layers or min(layers) < 0:
+            raise TuneError(f"calib {choice}: the model's layers are 0..{n_layers - 1}")
+        out.append(",".join(map(str, sorted(layers))))
+    return tuple(dict.fromkeys(out))
+
+
+def layer_count(model):
+    """The base model's layers, from its config.json."""
+    try:
+        config = hub.model_dir(model) / "config.json"
+        return json.loads(config.read_text())["num_hidden_layers"]
+    except (hub.DownloadError, OSError, KeyError, ValueError) as e:
+        raise TuneError(f"--model {model}: cannot read its layer count ({e})") from None
+
+
+def search_space(method, space_texts, max_epochs, model):
+    """The method's Params: SPACE's column, --max-epochs, then --space's items (refused in one
+    line: an unknown parameter, one the method does not search, an empty range)."""
+    column = 2 + METHODS.index(method)
+    rows = {row[0]: row for row in SPACE}
+    given = {}
+    for text in space_texts:
+        given |= split_space(text)
+    for name in given:
+        if name not in rows:
+            raise TuneError(f"--space {name}: unknown parameter (the search knows "
+                            f"{', '.join(rows)})")
+        if rows[name][column] is None:
+            raise TuneError(f"--space {name}: --method {method} does not search it")
+    params = []
+    for name, kind, *columns in SPACE:
+        values = columns[column - 2]
+        if values is None:
+            continue
+        if name == "epochs" and max_epochs:
+            values = (min(values[0], max_epochs), max_epochs)
+        if name in given:
+            values = parse_values(name, kind, values, given[name])
+        if name == "calib":
+            values = layer_choices(values, layer_count(model))
+        params.append(Param(name, kind, values))
+    return params
+
+
+# ----------------------------------------------------------------------------- train.py's lines
+def train_argv(args, settings, out):
+    """train.py's flags for one trial: the search's fixed flags, the method's, the trial's
+    settings {name: value}, the flags after --, the seed and the run folder."""
+    argv = ["--data", args.data, "--model", args.model]
+    for name in ("recipe", "data_dir", "dev_limit"):
+        if getattr(args, name) is not None:
+            argv += [flags.flag(name), str(getattr(args, name))]
+    argv += METHOD_FLAGS[args.method]
+    for name, value in settings.items():
+        argv += [flags.flag(name), flag_text(value)]
+    return argv + args.train_args + ["--seed", str(args.seed), "--out", str(out)]
+
+
+def parse_train(argv):
+    """train.py's Run of these flags, or its refusal as a TuneError (argparse's last line)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return train.parse_args(argv)
+    except SystemExit as e:
+        said = e.code if isinstance(e.code, str) else err.getvalue().strip().splitlines()[-1]
+        raise TuneError(said.split("error: ", 1)[-1]) from None
+
+
+def check_with_train(args, params, out):
+    """Every choice and range end through train.py's own flag checks, the other settings at their
+    first values: a trial that train.py would refuse is refused now, before any trains."""
+    first = {p.name: p.corners()[0] for p in params}
+    try:
+        parse_train(train_argv(args, first, out / "trials" / "0"))
+    except TuneError as e:
+        raise TuneError(f"train.py refuses the trials' flags: {e}") from None
+    for p in params:
+        for value in p.corners()[1:]:
+            try:
+                parse_train(train_argv(args, first | {p.name: value}, out / "trials" / "0"))
+            except TuneError as e:
+                raise TuneError(f"{p.name} {flag_text(value)}: train.py refuses it: {e}") from None
+
+
+def check_train_args(args, params):
+    """The flags after -- must leave the search's own and the searched ones alone."""
+    searched = {p.name for p in params}
+    for word in args.train_args:
+        name = word[2:].split("=")[0].replace("-", "_") if word.startswith("--") else ""
+        if name in searched:
+            raise TuneError(f"flags after --: {word} is searched (--space {name}=... fixes or "
+                            "narrows it)")
+        if name in OWN_FLAGS:
+            raise TuneError(f"flags after --: {word} is the search's own (give it before --)")
+
+
+def train_line(args, settings, out):
+    """The `python train.py ...` line that trains these settings again into out, every setting
+    spelled out (a recipe's too, so that the line stays right when PRESETS change)."""
+    run = parse_train(train_argv(args, settings, out))
+    words = ["python", "train.py"]
+    for f in fields(flags.Run):
+        value = getattr(run, f.name)
+        if f.name in ("out", "resume") or value is None:
+            continue
+        if value == f.default and f.name not in ("data", "model", "recipe", "seed"):
+            continue
+        if value is True:
+            words.append(flags.flag(f.name))
+        elif value is False:  # a recipe's switch (--compile) turned off
+            words.append("--no-" + flags.flag(f.name)[2:])
+        elif isinstance(value, tuple):
+            words += [flags.flag(f.name), ",".join(map(str, value)) or "none"]
+        else:
+            words += [flags.flag(f.name), str(value)]
+    return shlex.join(words + ["--out", str(out)])
+
+
+# ----------------------------------------------------------------------------- the study
+def try_lock(path):
+    """An exclusive flock on path (created), held while the file returned is open; None where
+    another process holds it. The kernel lets go of it when its process ends, however it ends."""
+    f = open(path, "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+@contextlib.contextmanager
+def mutex(out):
+    """One worker at a time in the study's short sections: claiming a trial, writing the table."""
+    with open(out / "mutex.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def search_record(args, out):
+    """What makes two searches one study: train.py's settings that are not searched (data,
+    model, method, seed, recipe, the flags after --), as the trials' checkpoints record them."""
+    record = flags.recorded(parse_train(train_argv(args, {}, out)))
+    skip = {row[0] for row in SPACE} | {"out", "resume"}
+    return json.loads(json.dumps({k: v for k, v in record.items() if k not in skip}))
+
+
+def open_study(out, args, params):
+    """The study in out/study.db, new or resumed: a resumed one must be the same search (its
+    record), and its choices the same (Optuna keeps a choice parameter's choices)."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{(out / 'study.db').resolve()}",
+                                         engine_kwargs={"connect_args": {"timeout": 60}})
+    study = optuna.create_study(study_name="tune", storage=storage, direction="maximize",
+                                load_if_exists=True)
+    record = search_record(args, out)
+    old = study.user_attrs.get("search")
+    if old is None:
+        study.set_user_attr("search", record)
+        old = record
+    for k in sorted(set(old) | set(record)):
+        if old.get(k) != record.get(k):
+            raise TuneError(f"{out} holds a search with {k} {old.get(k)}, not {record.get(k)}: "
+                            "the same command resumes it; choose another --out for another")
+    trials = study.get_trials(deepcopy=False)
+    for p in params:
+        seen = [t.distributions[p.name] for t in trials if p.name in t.distributions]
+        for d in seen[:1]:
+            try:
+                optuna.distributions.check_distribution_compatibility(d, p.distribution())
+            except ValueError:
+                said = (f"--space {p.name}: {out} searched it in {d}; a study keeps a choice's "
+                        "choices and a range's scale: choose another --out")
+                raise TuneError(said) from None
+    # the lead's draws are seeded, and differ after a resume; a joining worker's are its own
+    seed = None if args.join else args.seed + len(trials)
+    study.sampler = optuna.samplers.TPESampler(seed=seed)
+    study.pruner = {"median": optuna.pruners.MedianPruner(n_startup_trials=args.startup_trials),
+                    "halving": optuna.pruners.SuccessiveHalvingPruner(),
+                    "none": optuna.pruners.NopPruner()}[args.pruner]
+    return study
+
+
+def next_trial(study, out, params, n_trials):
+    """(trial, its FrozenTrial before or None, its claim, its settings): a trial left running by
+    a search that is gone (its claim free: the same settings again), else a new one while the study
+    has fewer than n_trials; None when it has them. Under the mutex, so that two workers never take
+    one trial."""
+    with mutex(out):
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            claim = try_lock(trial_folder(out, t.number) / "search.lock")
+            if claim is not None:
+                # Optuna's Trial of a stored trial: the object study.ask returns for a new one
+                trial = optuna.trial.Trial(study, t._trial_id)
+                settings = suggest(trial, params, t.params)
+                return trial, t, claim, settings
+        if len(study.get_trials(deepcopy=False)) >= n_trials:
+            return None
+        trial = study.ask()
+        claim = try_lock(trial_folder(out, trial.number) / "search.lock")
+        return trial, None, claim, suggest(trial, params, {})
+
+
+def suggest(trial, params, stored):
+    """The trial's settings {name: value}: those it has (a trial that resumes, whatever --space
+    says now), the others drawn."""
+    return {p.name: stored[p.name] if p.name in stored else p.draw(trial) for p in params}
+
+
+def trial_folder(out, number):
+    """out/trials/<number>, made: the trial's train.py run folder, and its claim."""
+    folder = out / "trials" / str(number)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+# ----------------------------------------------------------------------------- one trial
+def die_with(parent, prctl):
+    """In train.py's process before it starts: SIGKILL when the search's process ends (Linux's
+    PR_SET_PDEATHSIG), and at once where it has ended already."""
+    if prctl is not None:
+        prctl(1, ctypes.c_ulong(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def start(argv, output):
+    """train.py in its own session: Ctrl-C in the search's terminal reaches the search alone, which
+    lets train.py save first; and killed by the kernel if the search dies (Linux)."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return subprocess.Popen([sys.executable, str(TRAIN), *argv], stdout=output,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=functools.partial(die_with, os.getpid(), prctl))
+
+
+def end(child, sig):
+    """Signal train.py's process group and wait for it; a second signal to the search kills it.
+    A train.py that has ended and been waited for gets none (its pid may be another's now)."""
+    if child.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, sig)
+    signals = len(STOP)
+    while child.poll() is None:
+        if len(STOP) > signals:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        time.sleep(POLL_S)
+
+
+def dev_points(folder):
+    """The dev points of the trial's log.txt so far (plot.parse_log; whole lines only), and the
+    last step it logged."""
+    log = folder / "log.txt"
+    if not log.is_file():
+        return [], 0
+    text = log.read_text(errors="replace")
+    curve = plot.parse_log(text[:text.rfind("\n") + 1], folder.name)
+    return curve.dev, curve.loss[-1][0] if curve.loss else 0
+
+
+def run_trial(trial, before, settings, args, folder):
+    """Train one trial as a train.py process, reporting each dev point to Optuna and ending it
+    where the pruner says: (state, value, note). A trial that resumes continues its folder from its
+    saved state, or starts it again where it saved none."""
+    TrialState = optuna.trial.TrialState
+    argv = train_argv(args, settings, folder)
+    reported, wall0, note = set(), 0.0, ""
+    if before is not None:  # a trial that a search left running: its points are reported already
+        reported, note = set(before.intermediate_values), "resumed"
+        wall0 = before.user_attrs.get("wall_s", 0.0)
+        if (folder / "state.safetensors").is_file():
+            argv.append("--resume")
+        else:  # killed before its first save: what it wrote goes
+            for f in (*folder.glob("*.safetensors"), folder / "log.txt"):
+                f.unlink(missing_ok=True)
+    t0 = time.time()
+    with open(folder / "train.out", "ab") as output:
+        child = start(argv, output)
+    try:
+        while True:
+            exited = child.poll() is not None
+            points, steps = dev_points(folder)
+            for p in points:
+                step = round(p["epoch"] * STEPS_AN_EPOCH)
+                if step in reported:
+                    continue
+                trial.report(p["value"], step)
+                reported.add(step)
+                trial.set_user_attr("metric", p["metric"])
+                trial.set_user_attr("wall_s", wall0 + time.time() - t0)
+                if trial.should_prune():
+                    end(child, signal.SIGKILL)
+                    return TrialState.PRUNED, None, steps, notes(note, f"pruned at epoch "
+                                                                f"{p['epoch']:g}")
+            if exited:
+                break
+            if STOP:
+                end(child, signal.SIGTERM)  # it saves, then --resume continues it
+                raise Stopped(STOP[0])
+            time.sleep(POLL_S)
+    finally:
+        end(child, signal.SIGKILL)
+        trial.set_user_attr("wall_s", wall0 + time.time() - t0)
+    ends = [p["value"] for p in points if float(p["epoch"]).is_integer()]
+    if child.returncode != 0:
+        return TrialState.FAIL, None, steps, notes(note, last_line(folder / "train.out"))
+    if not ends:
+        return TrialState.FAIL, None, steps, notes(note, "no dev point at an epoch's end (a graph "
+                                                  "without a dev split cannot be searched)")
+    return TrialState.COMPLETE, max(ends), steps, note
+
+
+def notes(*parts):
+    """A trial's notes in one cell."""
+    return "; ".join(p for p in parts if p)
+
+
+def last_line(path):
+    """The last line of a trial's train.py output: its error, where it failed."""
+    lines = path.read_text(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"{path}: no output"
+
+
+def finish(study, trial, outcome, folder):
+    """Tell Optuna how the trial ended, then delete its weights (the best recipe trains again)."""
+    state, value, steps, note = outcome
+    trial.set_user_attr("steps", steps)
+    trial.set_user_attr("note", note)
+    study.tell(trial, value, state=state)
+    for f in folder.glob("*.safetensors"):
+        f.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- the table
+STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running",
+          "WAITING": "waiting"}
+
+
+def row_of(t):
+    """A trial's cells: number, state, value, settings {name: text}, dev, steps, wall, note."""
+    dev = " ".join(f"{step / STEPS_AN_EPOCH:g}:{v:.4f}"
+                   for step, v in sorted(t.intermediate_values.items()))
+    value = "" if t.value is None else f"{t.value:.4f}"
+    return dict(number=str(t.number), state=STATES[t.state.name], value=value,
+                settings={k: flag_text(v) for k, v in t.params.items()}, dev=dev,
+                steps=str(t.user_attrs.get("steps", "")),
+                wall_s=f"{t.user_attrs.get('wall_s', 0):.0f}", note=t.user_attrs.get("note", ""))
+
+
+def write_table(study, out):
+    """out/trials.tsv, rewritten atomically: a row a trial, its settings a column each."""
+    rows = [row_of(t) for t in study.get_trials(deepcopy=False)]
+    names = [row[0] for row in SPACE if any(row[0] in r["settings"] for r in rows)]
+    lines = ["\t".join(["number", "state", "value", *names, "dev", "steps", "wall_s", "note"])]
+    for r in rows:
+        cells = [r["number"], r["state"], r["value"], *(r["settings"].get(n, "") for n in names),
+                 r["dev"], r["steps"], r["wall_s"], r["note"]]
+        lines.append("\t".join(c.replace("\t", " ") for c in cells))
+    text = "\n".join(lines) + "\n"
+    files.write_atomic(out / "trials.tsv", lambda f: f.write(text.encode()))
+
+
+def trial_line(t):
+    """The line the search prints when a trial ends."""
+    r = row_of(t)
+    value = f"{t.user_attrs.get('metric', 'dev')} {r['value']}" if r["value"] else ""
+    settings = " ".join(f"{k} {v}" for k, v in r["settings"].items())
+    parts = [f"trial {r['number']} {r['state']}", value, settings, f"dev {r['dev'] or '-'}",
+             f"{r['steps']} steps {r['wall_s']} s", r["note"]]
+    return " | ".join(p for p in parts if p)
+
+
+# ----------------------------------------------------------------------------- the search
+def search(args):
+    """Run trials until the study has --trials of them, one after another; then the summary and
+    the best trial's train.py line."""
+    out = Path(args.out or f"runs/tune-{Path(args.data).name.lower()}-{args.method}")
+    params = search_space(args.method, args.space, args.max_epochs, args.model)
+    check_train_args(args, params)
+    check_with_train(args, params, out)
+    files.check_writable(out, f"--out {out}")
+    if not args.join:
+        files.lock_folder(out, "--out", "add --join to work on the same study beside it")
+    (out / "trials").mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        with mutex(out):
+            study = open_study(out, args, params)
+        failures = 0
+        while True:
+            if STOP:
+                raise Stopped(STOP[0])
+            got = next_trial(study, out, params, args.trials)
+            if got is None:
+                break
+            trial, before, claim, settings = got
+            folder = trial_folder(out, trial.number)
+            try:
+                outcome = run_trial(trial, before, settings, args, folder)
+                finish(study, trial, outcome, folder)
+            finally:
+                claim.close()
+            with mutex(out):
+                write_table(study, out)
+            print(trial_line(study.get_trials(deepcopy=False)[trial.number]), flush=True)
+            failures = failures + 1 if outcome[0] == optuna.trial.TrialState.FAIL else 0
+            if failures >= FAILURES_IN_A_ROW:
+                raise TuneError(f"{failures} trials in a row failed, the last with: "
+                                f"{outcome[3]} ({folder}/train.out)")
+        summary(study, args, out)
+    finally:
+        files.release_folder(out)
+
+
+def summary(study, args, out):
+    """The counts, the best trial and its train.py line (also out/best.txt)."""
+    trials = study.get_trials(deepcopy=False)
+    counts = {s: 0 for s in STATES.values()}
+    for t in trials:
+        counts[STATES[t.state.name]] += 1
+    said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not complete:
+        print(f"{len(trials)} trials ({said}) in {out}/trials.tsv; none complete", flush=True)
+        return
+    best = study.best_trial
+    line = train_line(args, best.params, out / "best")
+    files.write_atomic(out / "best.txt", lambda f: f.write((line + "\n").encode()))
+    print(f"{len(trials)} trials ({said}) in {out}/trials.tsv; best trial {best.number}, dev "
+          f"{best.user_attrs.get('metric', 'figure')} {best.value:.4f}; to train it:\n{line}",
+          flush=True)
+
+
+def whole(text, least=1):
+    """An argparse type: an integer of at least `least`."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = least - 1
+    if n < least:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least {least}, not {text!r}")
+    return n
+
+
+def parse_args(argv=None):
+    """The search's flags; the words after -- go to every trial's train.py."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = []
+    if "--" in argv:
+        extra = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
+    ap = argparse.ArgumentParser(prog="python -m support.tune",
+                                 description=" ".join(__doc__.split("\n\n")[0].split()),
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True, help="a benchmark, or a folder with train.tsv")
+    ap.add_argument("--method", choices=METHODS, default="palt",
+                    help="palt (its space), or finetune (the whole LM, train.py --finetune)")
+    ap.add_argument("--trials", type=whole, default=40, help="trials in the study, all workers "
+                    "together (default 40)")
+    ap.add_argument("--out", help="the search's folder (default runs/tune-<data>-<method>)")
+    ap.add_argument("--model", default="minilm", help="train.py's --model")
+    ap.add_argument("--data-dir", help="train.py's --data-dir")
+    ap.add_argument("--recipe", choices=tuple(train.PRESETS),
+                    help="train.py's --recipe: the settings not searched")
+    ap.add_argument("--seed", type=int, default=42, help="every trial's train.py --seed")
+    ap.add_argument("--max-epochs", type=whole, help="the epochs range's top, either method "
+                    "(default SPACE's)")
+    ap.add_argument("--dev-limit", type=whole, help="train.py's --dev-limit for every trial")
+    ap.add_argument("--space", action="append", default=[],
+                    help="name=low:high, name=value or name=a|b|c, comma-separated")
+    ap.add_argument("--pruner", choices=("median", "halving", "none"), default="median",
+                    help="ends a trial falling behind at a dev point (default median)")
+    ap.add_argument("--startup-trials", default=5, type=functools.partial(whole, least=0),
+                    help="median: trials that finish before any is pruned (default 5)")
+    ap.add_argument("--join", action="store_true",
+                    help="work on the study of a search running in --out, beside it")
+    args = ap.parse_args(argv)
+    args.train_args = extra
+    return args
+
+
+def main(argv=None):
+    """python -m support.tune ARGS: 0 when done, 130 when a signal stopped it; errors in one
+    line."""
+    if optuna is None:
+        raise SystemExit(NO_OPTUNA)
+    args = parse_args(argv)
+    try:
+        search(args)
+    except Stopped as e:
+        print(f"stopped ({e}): the same command resumes the search", flush=True)
+        return 130
+    except (TuneError, DataError, CheckpointError, ConfigError) as e:
+        raise SystemExit(f"error: {e}") from None
+    return 0
+
+
+def on_signal(signum, frame):
+    """SIGINT (Ctrl-C) or SIGTERM: the search ends once its running train.py has saved."""
+    STOP.append(signal.Signals(signum).name)
+
+
+if __name__ == "__main__":
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""support.tune, the search of train.py's recipes on Optuna, on tests/example_kg and a tiny BERT: a search writes its
+study, its table and the best trial's train.py line; a search killed with SIGKILL resumes with the same command, its
+finished trials kept, its running one trained again with the same settings, no train.py left behind; a trial behind
+the median at its first dev point is pruned there; a bad --space, a folder in use, another search's folder are refused
+in one line."""
+import contextlib, io, os, re, shlex, subprocess, sys, time
+from pathlib import Path
+import pytest
+
+import train
+from support import graphs, tune
+from conftest import make_bert_dir
+
+optuna = pytest.importorskip("optuna")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = "tests/example_kg"  # 94 train triples: a step of 32 positives, two steps an epoch
+CHEAP = "batch=32,negatives=1,1,1"
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    """A tiny random BERT whose vocabulary holds the words of tests/example_kg's entities and relations."""
+    kg = graphs.load_kg(ROOT / EXAMPLE)
+    words = {w.lower() for text in (*kg.ent_text, *kg.rel_text) for w in text.split()}
+    return make_bert_dir(tmp_path_factory.mktemp("tune") / "bert", sorted(words))
+
+
+def command(bert_dir, out, *extra, space=CHEAP, trials=3):
+    """support.tune's flags: one-epoch trials on tests/example_kg, each train.py in fp32."""
+    return ["--data", EXAMPLE, "--model", str(bert_dir), "--out", str(out), "--trials", str(trials), "--max-epochs", "1",
+            "--space", space, *extra, "--", "--dtype", "fp32"]
+
+
+def main(argv):
+    """tune.main in this process, as `python -m support.tune ARGV` runs it: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = tune.main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+def study_of(out):
+    return optuna.load_study(study_name="tune", storage=f"sqlite:///{out / 'study.db'}")
+
+
+def table(out):
+    lines = (out / "trials.tsv").read_text().splitlines()
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+
+
+def running(pid):
+    """Whether process pid runs (a zombie, ended but not reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(check, what, proc, timeout=300):
+    """check()'s first true value, polled while the search runs."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = check()
+        if got:
+            return got
+        assert proc.poll() is None, f"the search ended before {what}: {proc.communicate()[1][-3000:]}"
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} in {timeout} s")
+
+
+def trainer_pid(folder):
+    """The pid of the train.py that holds a trial's run folder (its .lock names it), or None."""
+    lock = folder / ".lock"
+    m = re.match(r"process (\d+) ", lock.read_text()) if lock.is_file() else None
+    return int(m.group(1)) if m else None
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(bert_dir, tmp_path_factory):
+    """A 3-trial search, killed with SIGKILL while its second trial trains, then run again with the same command."""
+    out = tmp_path_factory.mktemp("search") / "s"
+    argv = command(bert_dir, out)
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "support.tune", *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: (out / "trials.tsv").is_file(), "finished first trial", proc)
+        pid = wait_until(lambda: trainer_pid(out / "trials" / "1"), "second trial's train.py", proc)
+        proc.kill()  # SIGKILL: no handler of the search runs
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    before = {t.number: t for t in study_of(out).get_trials()}
+    deadline = time.time() + 10
+    while running(pid) and time.time() < deadline:
+        time.sleep(0.05)
+    left_running = running(pid)
+    killed_output = (out / "trials" / "1" / "train.out").read_text()  # before the search runs it again
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        status, stdout, stderr = main(argv)
+    return dict(out=out, argv=argv, before=before, pid=pid, left_running=left_running, killed_output=killed_output,
+                status=status, stdout=stdout, stderr=stderr)
+
+
+def test_a_search_writes_its_study_its_table_and_the_best_trials_train_line(killed_and_resumed):
+    r = killed_and_resumed
+    out = r["out"]
+    assert r["status"] == 0 and r["stderr"] == "", r["stderr"]  # Optuna's own logging stays quiet
+    rows = table(out)
+    assert [row["number"] for row in rows] == ["0", "1", "2"] and {row["state"] for row in rows} == {"complete"}
+    for row in rows:
+        assert row["batch"] == "32" and row["negatives"] == "1,1,1" and row["epochs"] == "1"  # as --space fixed them
+        assert float(row["lr"]) > 0 and row["prompts"] in ("2,0,0", "10,10,10", "0,0,0")
+        assert row["calib"] in ("1", "none")  # the tiny BERT's middle and last layer are both layer 1
+        assert re.fullmatch(r"1:0\.\d{4}", row["dev"]) and row["dev"].endswith(row["value"])  # one dev point
+        assert row["steps"] == "2" and float(row["wall_s"]) > 0
+        folder = out / "trials" / row["number"]
+        assert "dev after epoch 1: mrr" in (folder / "log.txt").read_text()
+        assert not list(folder.glob("*.safetensors"))  # weights go when a trial ends; its log stays
+    assert (out / "study.db").stat().st_size < 1 << 20  # settings and figures, no weights: small enough to commit
+    # one line a trial, then the summary and the line that trains the best trial again
+    lines = r["stdout"].splitlines()
+    assert [line.split(" | ")[0] for line in lines[:-2]] == ["trial 1 complete", "trial 2 complete"], r["stdout"]
+    best = max(rows, key=lambda row: float(row["value"]))
+    assert re.fullmatch(rf"3 trials \(3 complete\) in {re.escape(str(out))}/trials.tsv; best trial {best['number']}, "
+                        rf"dev mrr {best['value']}; to train it:", lines[-2])
+    assert lines[-1] == (out / "best.txt").read_text().strip()
+    argv = shlex.split(lines[-1])
+    assert argv[:2] == ["python", "train.py"] and argv[-2:] == ["--out", str(out / "best")]
+    run = train.parse_args(argv[2:])
+    assert (run.lr, run.head_lr, run.warmup) == tuple(float(best[k]) for k in ("lr", "head_lr", "warmup"))
+    assert (run.batch, run.negatives, run.epochs, run.seed, run.dtype) == (32, (1, 1, 1), 1, 42, "fp32")
+    assert ",".join(map(str, run.prompts)) == best["prompts"] and run.calib == (() if best["calib"] == "none" else (1,))
+    for setting in ("--dev-limit 100", "--dev-sample 1000", "--recipe paper", "--seed 42"):  # the recipe's, spelled out
+        assert setting in lines[-1]
+
+
+def test_a_killed_search_resumes_with_the_same_command_and_keeps_its_finished_trials(killed_and_resumed):
+    r = killed_and_resumed
+    # its train.py ended with the search, killed: it did not run to its end ("trained N steps ...")
+    assert not r["left_running"], f"train.py {r['pid']} outlived the search killed with SIGKILL"
+    assert "\ntrained " not in r["killed_output"], r["killed_output"]
+    first, killed = r["before"][0], r["before"][1]
+    assert first.state == optuna.trial.TrialState.COMPLETE and killed.state == optuna.trial.TrialState.RUNNING
+    trials = study_of(r["out"]).get_trials()
+    assert len(trials) == 3 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)  # none lost, none twice
+    assert (trials[0].value, trials[0].params) == (first.value, first.params)  # kept, not trained again
+    assert trials[1].params == killed.params and trials[1].user_attrs["note"] == "resumed"  # the same settings again
+    assert "trial 0 " not in r["stdout"]
+
+
+def test_a_trial_behind_the_median_at_its_first_dev_point_is_pruned_there(bert_dir, tmp_path, monkeypatch):
+    """--pruner median --startup-trials 1: once one trial has finished, a trial whose first dev figure is below the
+    finished one's at the same epoch ends there. An lr of 1e-7 leaves the tiny BERT as it starts; 1e-2 wrecks it."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    space = "lr={lr},head_lr={lr},batch=8,negatives=1,1,1,epochs={epochs},warmup=0.1,prompts=2,0,0,calib=last"
+    fixed = ["--pruner", "median", "--startup-trials", "1"]
+    status, stdout, _ = main(command(bert_dir, tmp_path, *fixed, space=space.format(lr=1e-7, epochs=1), trials=1))
+    assert status == 0 and stdout.startswith("trial 0 complete")
+    status, stdout, stderr = main(command(bert_dir, tmp_path, *fixed, space=space.format(lr=1e-2, epochs=2), trials=2))
+    assert status == 0 and stdout.startswith("trial 1 pruned") and stderr == "", stdout + stderr
+    good, bad = study_of(tmp_path).get_trials()
+    assert good.state == optuna.trial.TrialState.COMPLETE and bad.state == optuna.trial.TrialState.PRUNED
+    assert list(good.intermediate_values) == [1000]  # the dev point of epoch 1, at step 1000 x the epoch
+    assert list(bad.intermediate_values) == [1000] and bad.intermediate_values[1000] < good.intermediate_values[1000]
+    log = (tmp_path / "trials" / "1" / "log.txt").read_text()
+    assert "dev after epoch 1:" in log and "epoch 2/2" not in log  # its train.py ended at the dev point
+    assert table(tmp_path)[1]["state"] == "pruned" and table(tmp_path)[1]["note"] == "pruned at epoch 1"
+
+
+@pytest.mark.parametrize("space, extra, said", [
+    ("momentum=0.9:0.99", [], "--space momentum: unknown parameter (the search knows lr, head_lr, batch, negatives, "
+                              "epochs, warmup, prompts, calib)"),
+    ("lr=1e-3:1e-4", [], "--space lr=1e-3:1e-4: an empty range (0.001 > 0.0001)"),
+    ("epochs=4:3", [], "--space epochs=4:3: an empty range (4 > 3)"),
+    ("epochs=", [], "--space epochs=: no values (give low:high, a value, or choices a|b)"),
+    ("batch=8|", [], "--space batch=8|: an empty value"),
+    ("batch=8:32", [], "--space batch=8:32: batch takes choices like 8|16|32, not a range"),
+    ("prompts=2,0,0", ["--method", "finetune"], "--space prompts: --method finetune does not search it"),
+    ("negatives=0,0,0", [], "train.py refuses the trials' flags: --negatives 0,0,0 leaves no false triples to learn "
+                            "from: give at least one corruption per positive"),
+    ("lr=1e-4", ["--", "--lr", "1e-3"], "flags after --: --lr is searched (--space lr=... fixes or narrows it)"),
+])
+def test_a_bad_space_is_refused_in_one_line_before_anything_is_written(bert_dir, tmp_path, space, extra, said):
+    with pytest.raises(SystemExit) as e:
+        tune.main(["--data", EXAMPLE, "--model", str(bert_dir), "--out", str(tmp_path / "s"), "--space", space, *extra])
+    assert e.value.code == f"error: {said}"
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_folder_in_use_is_refused_but_joined_with_join_and_another_search_is_refused(killed_and_resumed):
+    r = killed_and_resumed
+    out, argv = r["out"], r["argv"]
+    holder = subprocess.Popen([sys.executable, "-c", f"from support import files; files.lock_folder({str(out)!r}, "
+                               "'--out', ''); print('held', flush=True); input()"], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert re.fullmatch(rf"error: {re.escape(str(out))} \(--out\) is in use by process {holder.pid} on \S+ "
+                            r"\(since [\d-]+ [\d:]+\): wait for it to end, or add --join to work on the same study "
+                            "beside it", e.value.code)
+        status, stdout, _ = main(argv[:argv.index("--")] + ["--join"] + argv[argv.index("--"):])
+        assert status == 0 and stdout.startswith("3 trials (3 complete)")  # the study has its trials: none more
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(SystemExit) as e:
+        main(argv[:argv.index("--")] + ["--seed", "7"] + argv[argv.index("--"):])
+    assert e.value.code == (f"error: {out} holds a search with seed 42, not 7: the same command resumes it; choose "
+                            "another --out for another")
+    with pytest.raises(SystemExit) as e:  # Optuna keeps a choice's choices
+        main([a.replace("batch=32", "batch=16|32") for a in argv])
+    assert e.value.code.startswith(f"error: --space batch: {out} searched it in CategoricalDistribution(choices=(32,))")
+
+
+def test_without_optuna_it_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(tune, "optuna", None)
+    with pytest.raises(SystemExit) as e:
+        tune.main(["--data", EXAMPLE])
+    assert e.value.code == "support.tune needs optuna: pip install optuna"
