@@ -172,23 +172,29 @@ def in_sorted(keys, k):
 
 
 class NegativeSampler:
-    """Per train positive: n_head, n_rel, n_tail corruptions of that part that are no train triples,
-    then n_self (0-2) self-negatives (SimKGC's) (h, r, h), (t, r, t): a text followed by itself
-    reads as a perfect continuation, else the query entity outranks the answers. hard: the share of
-    entity corruptions drawn from the replaced one's `near`. Only a train triple is redrawn, as in
-    KG-BERT: dev and test facts never shape training, so a corruption that happens to be a test
-    fact is a negative like any other. (The evaluation's filter, kg.known, is every split's facts.)
-    """
+    """Per train positive: n_head, n_rel, n_tail corruptions of that part that are no train triples
+    (either_side, with 1, 0, 1: one corruption, of the head or of the tail at p = .5, the authors'
+    scripts' negatives), then n_self (0-2) self-negatives (SimKGC's) (h, r, h), (t, r, t): a text
+    followed by itself reads as a perfect continuation, else the query entity outranks the answers.
+    hard: the share of entity corruptions drawn from the replaced one's `near`. Only a train triple
+    is redrawn, as in KG-BERT: dev and test facts never shape training, so a corruption that
+    happens to be a test fact is a negative like any other. (The evaluation's filter, kg.known, is
+    every split's facts.)"""
 
     def __init__(self, kg, n_head=1, n_rel=1, n_tail=1, n_self=0, seed=0, rounds=30, near=None,
-                 hard=0.0):
+                 hard=0.0, either_side=False):
         self.kg, self.seed, self.rounds, self.near, self.hard = kg, seed, rounds, near, hard
+        self.either_side = either_side
+        if either_side and (n_head, n_rel, n_tail, n_self) != (1, 0, 1, 0):
+            raise ValueError("either_side draws one head or tail corruption: n_head = n_tail = 1")
         # triple classification: train holds positives
         self.train_keys = np.unique(triple_keys(kg, kg.train))
         # Each negative slot of a positive is the column (0 head, 1 relation, 2 tail) it replaces.
         # E.g. n_head=1, n_rel=0, n_tail=1, n_self=2 -> column [0, 2, 2, 0], is_self [F, F, T, T]:
         # a new head, a new tail, then (h, r, h) (the tail replaced by the head) and (t, r, t).
         counts = [n_head, n_rel, n_tail, n_self > 0, n_self > 1]
+        if either_side:  # one slot; which column it replaces is drawn each epoch
+            counts = [1, 0, 0, 0, 0]
         self.column = np.repeat([0, 1, 2, 2, 0], counts)
         self.is_self = np.arange(len(self.column)) >= n_head + n_rel + n_tail
         self.pools = (kg.split_entities, np.arange(len(kg.relations)), kg.split_entities)
@@ -205,6 +211,8 @@ class NegativeSampler:
         # (N, K, 3) -> (N*K, 3): K copies of each positive, to corrupt
         neg = np.repeat(kg.train[:, None, :], K, axis=1).reshape(-1, 3)
         col = np.tile(self.column, len(kg.train))
+        if self.either_side:
+            col = np.where(rng.random(len(kg.train)) < 0.5, 0, 2)
         self_rows = np.tile(self.is_self, len(kg.train))
         # the tail becomes the head, or the head the tail
         neg[self_rows, col[self_rows]] = neg[self_rows, 2 - col[self_rows]]

@@ -85,9 +85,9 @@ def learning_rate(step_index, peak, warm, total_steps):
 
 
 def adamw(model, params, run, device):
-    """AdamW (betas 0.9, 0.999) with weight decay on matrices only (not biases and LayerNorm), and
-    the heads without NSP pretraining at their own lr (--head-lr): each group's lr_scale times the
-    step's lr."""
+    """AdamW (betas 0.9 and --adam-beta2, eps --adam-eps) with weight decay on matrices only (not
+    biases and LayerNorm), and the heads without NSP pretraining at their own lr (--head-lr): each
+    group's lr_scale times the step's lr."""
     groups = {}  # (decays, is a head to train) -> parameters
     heads_to_train = [["bert", name] for name in model.heads_to_train]
     for n, p in params.items():
@@ -98,7 +98,7 @@ def adamw(model, params, run, device):
         param_groups.append({"params": ps, "weight_decay": run.weight_decay if decays else 0.0,
                              "lr_scale": scale})
     # fused: one kernel over all the tensors, on a GPU and on a CPU alike
-    return torch.optim.AdamW(param_groups, lr=run.lr, betas=(0.9, 0.999), eps=1e-8,
+    return torch.optim.AdamW(param_groups, lr=run.lr, betas=(0.9, run.adam_beta2), eps=run.adam_eps,
                              fused=device.type in ("cuda", "cpu"))
 
 
@@ -324,7 +324,7 @@ def setup(run):
         print0(f"nearest {flags.NEAR} entities of each entity by the frozen encoder: "
                f"{time.time() - t:.0f} s")
     negatives = NegativeSampler(kg, *run.negatives, seed=run.seed, near=near,
-                                hard=run.hard_negatives)
+                                hard=run.hard_negatives, either_side=run.either_side)
     ddp_model = model
     if ddp:  # each process's gradients averaged in backward
         ddp_model = DDP(model, device_ids=[ddp_local_rank] if cuda else None)

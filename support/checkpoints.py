@@ -2,7 +2,7 @@
 metadata), train.py's run folder (ckpt, best, the resume state, log.txt) and what --resume checks
 and restores."""
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -13,7 +13,7 @@ from safetensors.torch import save
 from bert import CheckpointError
 from support import files
 from support.files import OutputError, check_writable, in_project, readable, write_atomic
-from support.flags import FlagError
+from support.flags import FlagError, Run
 from support.hub import load_bert
 from palt import PALT, PaltConfig
 
@@ -164,7 +164,9 @@ def check_resumable(saved, meta, state):
     """The resume state's own record of its run against this one: an exact replay needs the same
     settings, base weights, data files and resolved precision."""
     old, new = json.loads(saved["run"]), json.loads(meta["run"])
-    pairs = {k: (old.get(k), new[k]) for k in new if k not in RESUME_MAY_CHANGE}
+    # A setting added since the state was saved held its default then.
+    defaults = {f.name: f.default for f in fields(Run)}
+    pairs = {k: (old.get(k, defaults.get(k)), new[k]) for k in new if k not in RESUME_MAY_CHANGE}
     for k in ("weights_sha256", "data_fingerprint", "dtype"):
         if k in meta:
             pairs[k] = (saved.get(k), meta[k])

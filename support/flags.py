@@ -76,6 +76,8 @@ class Run:
     negatives: tuple | None = setting(parse=negatives_list, help="corruptions of head, relation, "
                                       "tail per positive [, self-negatives (h, r, h), (t, r, t)], "
                                       "e.g. 1,0,1,2")
+    either_side: bool = setting(False, "one corruption a positive, of its head or of its tail "
+                                "(p = .5; the authors' scripts): with --negatives 1,0,1")
     prompts: tuple | None = setting(parse=prompts_list, help="b,m,e prompt tokens, e.g. 2,0,0")
     calib: tuple | None = setting(parse=int_list, help="calibrated layers from 0, e.g. 3,5, or "
                                   "none (default: the middle and the last)")
@@ -107,6 +109,8 @@ class Run:
     warmup: float = setting(0.1, "linear warm-up, a fraction of the steps", low=(0, True),
                             high=(1, "a fraction of the steps"))
     weight_decay: float = setting(0.01, "AdamW's, on matrices only", low=(0, True))
+    adam_beta2: float = setting(0.999, "AdamW's beta2 (the authors' scripts: 0.98)", low=(0, True))
+    adam_eps: float = setting(1e-8, "AdamW's epsilon (the authors' scripts: 1e-6)", low=(0, False))
     grad_clip: float = setting(1.0, "gradient norm clipping", low=(0, False))
     seed: int = setting(42, "order, negatives, a random NSP head and dropout", low=(0, True))
     log_every: int = setting(20, "steps between log lines", low=(1, True))
@@ -189,6 +193,11 @@ def check_run(ap, run):
     if run.negatives[3:] > (2,):
         ap.error(f"--negatives: at most 2 self-negatives, (h, r, h) and (t, r, t), not "
                  f"{run.negatives[3]}")
+    if run.either_side and tuple(run.negatives) != (1, 0, 1):
+        ap.error(f"--either-side draws one head or tail corruption a positive: it goes with "
+                 f"--negatives 1,0,1, not {','.join(map(str, run.negatives))}")
+    if run.adam_beta2 >= 1:
+        ap.error(f"--adam-beta2 must be below 1, not {run.adam_beta2}")
     if run.cudagraphs and not run.compile:
         ap.error("--cudagraphs replays the compiled step: it needs --compile (or --recipe gpu)")
 

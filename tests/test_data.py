@@ -267,6 +267,22 @@ def test_negatives_corrupt_one_part_and_are_never_train_triples(kg):
     assert not (neg == 4).any()  # 'x' is in no split, so it is no corruption candidate
 
 
+def test_either_side_gives_one_negative_of_the_head_or_the_tail_about_half_each(tmp_path):
+    """The authors' scripts' negatives: one a positive, its head or its tail replaced (p = .5), never a train triple."""
+    from conftest import write_tiny_kg
+    write_tiny_kg(tmp_path, "umls", n_ent=60, n_rel=3)
+    big = load_kg("umls", tmp_path)
+    neg = NegativeSampler(big, 1, 0, 1, seed=3, either_side=True).negatives(0)
+    assert neg.shape == (len(big.train), 1, 3)
+    same = neg[:, 0] == big.train
+    head, tail = ~same[:, 0], ~same[:, 2]
+    assert (same[:, 1]).all() and (head ^ tail).all()  # exactly one of head and tail replaced, the relation kept
+    assert 0.3 < head.mean() < 0.7
+    assert not NegativeSampler(big).is_train(neg.reshape(-1, 3)).any()
+    with pytest.raises(ValueError, match="n_head = n_tail = 1"):
+        NegativeSampler(big, 1, 1, 1, either_side=True)
+
+
 def test_negatives_are_seeded_and_change_every_epoch(tmp_path):
     ents = "".join(f"e{i}\talpha\n" for i in range(200))
     train = "".join(f"e{i % 200}\tr{1 + i // 200}\te{(i * 7 + 1 + i // 200) % 200}\n" for i in range(300))

@@ -442,3 +442,20 @@ def test_a_lock_left_by_a_killed_run_does_not_block_its_resume(setup, tmp_path):
         resumed.kill()
     assert resumed.returncode == 0 and "stopped at step" in rest, rest[-1000:]
     assert f"process {resumed.pid} " in (out / ".lock").read_text()
+
+
+def test_adamw_takes_the_authors_betas_and_eps_and_an_older_state_resumes_under_the_defaults(setup, tmp_path):
+    """--adam-beta2 and --adam-eps reach the optimizer; a resume state saved before a setting existed held its default,
+    so it resumes; a changed setting is refused."""
+    run = train.parse_args(args(setup, tmp_path, "--adam-beta2", "0.98", "--adam-eps", "1e-6", "--max-steps", "1"))
+    model, kg, enc, meta, params, opt = train.build(run, "fp32", torch.device("cpu"))
+    assert opt.param_groups[0]["betas"] == (0.9, 0.98) and opt.param_groups[0]["eps"] == 1e-6
+    now = train.parse_args(args(setup, tmp_path, "--max-steps", "1"))
+    record = flags.recorded(now)
+    old = {k: v for k, v in record.items() if k not in ("adam_beta2", "adam_eps", "either_side")}
+    checkpoints.check_resumable({"run": json.dumps(old)}, {"run": json.dumps(record)}, tmp_path / "state.safetensors")
+    with pytest.raises(FlagError, match="was trained with adam_beta2 0.999, not 0.98"):
+        checkpoints.check_resumable({"run": json.dumps(old)}, {"run": json.dumps(flags.recorded(run))}, tmp_path / "s")
+    with pytest.raises(SystemExit):
+        train.parse_args(args(setup, tmp_path, "--either-side"))  # with --negatives 1,1,1: refused
+    assert train.parse_args(args(setup, tmp_path, "--either-side", "--negatives", "1,0,1")).either_side
