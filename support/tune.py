@@ -56,10 +56,8 @@ except ImportError:  # an optional extra: main says how to install it
 
 import plot
 import train
-from bert import CheckpointError
-from palt import ConfigError
+from evaluate import ERRORS
 from support import files, flags, hub
-from support.graphs import DataError
 
 NO_OPTUNA = "support.tune needs optuna: pip install optuna"
 TRAIN = files.ROOT / "train.py"
@@ -73,15 +71,19 @@ STOP = []  # the signals received (SIGINT, SIGTERM): the search ends once its tr
 # (None: not searched there, train.py's default or the recipe's). log: a float on a log scale from
 # low to high; float, int: uniform from low to high; choice: one of them. calib's middle and last
 # are the model's own layers.
+# A choice may carry a further flag: the authors' one negative a positive, of its head or its tail.
+EITHER = "1,0,1 --either-side"
 SPACE = [  # name, kind, palt, finetune
     ("lr",        "log",    (1e-5, 3e-3),                     (1e-5, 3e-4)),
     ("head_lr",   "log",    (1e-5, 3e-3),                     None),
     ("batch",     "choice", (8, 16, 32),                      (8, 16, 32)),
-    ("negatives", "choice", ("1,1,1", "5,5,5"),               ("1,1,1", "5,5,5")),
+    ("negatives", "choice", ("1,1,1", "5,5,5", EITHER),       ("1,1,1", "5,5,5", EITHER)),
     ("epochs",    "int",    (1, 8),                           (1, 8)),
     ("warmup",    "float",  (0.0, 0.2),                       (0.0, 0.2)),
     ("prompts",   "choice", ("2,0,0", "10,10,10", "0,0,0"),   None),
     ("calib",     "choice", ("middle,last", "last", "none"),  None),
+    ("adam_beta2", "choice", (0.999, 0.98),                   (0.999, 0.98)),
+    ("adam_eps",  "choice", (1e-8, 1e-6),                     (1e-8, 1e-6)),
 ]
 METHODS = ("palt", "finetune")  # SPACE's last two columns
 # what a method sets beside its space (flags.parse_args gives --finetune no prompts, calib or W_p)
@@ -250,7 +252,7 @@ def train_argv(args, settings, out):
             argv += [flags.flag(name), str(getattr(args, name))]
     argv += METHOD_FLAGS[args.method]
     for name, value in settings.items():
-        argv += [flags.flag(name), flag_text(value)]
+        argv += [flags.flag(name), *shlex.split(flag_text(value))]  # EITHER: two flags
     return argv + args.train_args + ["--seed", str(args.seed), "--out", str(out)]
 
 
@@ -692,7 +694,7 @@ def main(argv=None):
     except Stopped as e:
         print(f"stopped ({e}): the same command resumes the search", flush=True)
         return 130
-    except (TuneError, DataError, CheckpointError, ConfigError) as e:
+    except (TuneError, *ERRORS) as e:
         raise SystemExit(f"error: {e}") from None
     return 0
 

@@ -174,7 +174,7 @@ def test_a_trial_behind_the_median_at_its_first_dev_point_is_pruned_there(bert_d
 
 @pytest.mark.parametrize("space, extra, said", [
     ("momentum=0.9:0.99", [], "--space momentum: unknown parameter (the search knows lr, head_lr, batch, negatives, "
-                              "epochs, warmup, prompts, calib)"),
+                              "epochs, warmup, prompts, calib, adam_beta2, adam_eps)"),
     ("lr=1e-3:1e-4", [], "--space lr=1e-3:1e-4: an empty range (0.001 > 0.0001)"),
     ("epochs=4:3", [], "--space epochs=4:3: an empty range (4 > 3)"),
     ("epochs=", [], "--space epochs=: no values (give low:high, a value, or choices a|b)"),
@@ -224,3 +224,12 @@ def test_without_optuna_it_says_how_to_install_it(monkeypatch):
     with pytest.raises(SystemExit) as e:
         tune.main(["--data", EXAMPLE])
     assert e.value.code == "support.tune needs optuna: pip install optuna"
+
+
+def test_a_choice_that_carries_a_further_flag_reaches_train_py_as_two_flags(bert_dir, tmp_path):
+    """The authors' one head-or-tail negative is the choice '1,0,1 --either-side': train.py gets both flags."""
+    args = tune.parse_args(command(bert_dir, tmp_path / "s", space="negatives=1,0,1 --either-side"))
+    argv = tune.train_argv(args, {"negatives": tune.EITHER}, tmp_path / "s" / "trials" / "0")
+    assert argv[argv.index("--negatives"):][:3] == ["--negatives", "1,0,1", "--either-side"]
+    run = train.parse_args(argv)
+    assert run.either_side and run.negatives == (1, 0, 1)
