@@ -60,7 +60,7 @@ def resolve_dtype(choice, device, warn=False):
     if choice not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, not {choice!r}")
     cpu = torch.device(device).type == "cpu"
-    # measured: emulated bf16 is ~100x slower than fp32
+    # An emulated bf16 runs far slower than fp32: say so where it is asked for.
     if choice == "bf16" and cpu and warn and not cpu_has_native_bf16():
         print("warning: this CPU has no native bf16 (AVX512_BF16/AMX): --dtype bf16 is emulated "
               "and far slower than fp32 (--dtype auto picks fp32 here)", file=sys.stderr)
