@@ -35,32 +35,37 @@ class BertConfig:
 # ----------------------------------------------------------------------------- the model
 def dropout(x, p, training):
     """Inverted dropout. On a CPU the keep mask comes from 16-bit random integers, four to each
-    64-bit draw: torch's CPU dropout draws a float an element (bernoulli_, a quarter of a training
-    step) and takes 2-3.5x as long. An element is dropped with probability round(65536 p) / 65536
+    64-bit draw: torch's CPU dropout draws a float an element (bernoulli_), a large share of a CPU
+    training step (RESULTS.md). An element is dropped with probability round(65536 p) / 65536
     (0.1 -> 0.100006) and the kept ones scaled by the inverse of the keep probability."""
     if not training or p == 0:
         return x
     if x.device.type != "cpu" or torch.compiler.is_compiling():
-        return F.dropout(x, p, True)  # a GPU's kernel; torch.compile draws the mask in its own
+        return F.dropout(x, p, True)  # Torch's own dropout is fast on a GPU and when compiled.
     n, cut = x.numel(), round(p * 65536)
     bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device)
-    bits.random_(-2**63, None)  # all 64 bits uniform (a plain random_() leaves the sign bit 0)
+    bits.random_(-2**63, None)  # All 64 bits are uniform; random_() leaves the sign bit 0.
     keep = bits.view(torch.int16)[:n].view(x.shape) >= cut - 32768  # (n,) 16-bit lanes -> x.shape
-    # the scaled mask in x's dtype, as torch's CPU dropout makes it (torch.where: 1.3x slower)
+    # The mask is scaled in x's dtype, as torch's CPU dropout makes it; a torch.where is slower.
     return x * (keep.to(x.dtype) * (65536 / (65536 - cut)))
+
+
+def attention_weights(q, k, mask):
+    """softmax(q k^T / sqrt(d_head) + mask): (B, n_head, L, L), a masked key's weight 0."""
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, n_head, L, L)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf)
+    return s.softmax(-1)
 
 
 def attend(q, k, v, mask, p):
     """softmax(q k^T / sqrt(d_head), masked keys) v, dropout p on the attention weights: (B, n_head,
     L, d_head). F.scaled_dot_product_attention does it all, but on a CPU its dropout is torch's
-    (see dropout); there, in training, the same maths is written out with dropout() on the weights
-    (forward and backward 1.6x faster than SDPA's at UMLS's shapes in bf16)."""
+    (see dropout); there, in training, the same maths is written out with dropout() on the weights,
+    because that forward and backward is faster than SDPA's (RESULTS.md, Speed and precision)."""
     if p == 0 or q.device.type != "cpu" or torch.compiler.is_compiling():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, n_head, L, L)
-    if mask is not None:
-        s = s.masked_fill(~mask, -math.inf)
-    return dropout(s.softmax(-1), p, True) @ v
+    return dropout(attention_weights(q, k, mask), p, True) @ v
 
 
 class Embeddings(nn.Module):
@@ -96,15 +101,17 @@ class Layer(nn.Module):
         self.ffn_out = nn.Linear(c.intermediate_size, H)
         self.ln2 = nn.LayerNorm(H, eps=c.layer_norm_eps)
 
-    def attention(self, h, mask):
-        """Multi-head self-attention, residual, LayerNorm."""
+    def attention(self, h, mask, weights=False):
+        """Multi-head self-attention, residual, LayerNorm: (B, L, H), and with weights=True the
+        attention weights it applies, attention_weights of its own q and k (else None)."""
         B, L, H = h.shape
         # (B, L, H) -> (B, n_head, L, d_head)
         q, k, v = (x(h).view(B, L, self.n_head, H // self.n_head).transpose(1, 2)
                    for x in (self.q, self.k, self.v))
+        w = attention_weights(q, k, mask) if weights else None
         a = attend(q, k, v, mask, self.p_attn if self.training else 0.0)
         a = a.transpose(1, 2).reshape(B, L, H)  # (B, n_head, L, d_head) -> (B, L, H)
-        return self.ln1(h + dropout(self.attn_out(a), self.p_drop, self.training))
+        return self.ln1(h + dropout(self.attn_out(a), self.p_drop, self.training)), w
 
     def feed_forward(self, h):
         """The feed-forward sublayer, residual, LayerNorm; F.gelu is the exact erf GELU."""
@@ -112,7 +119,7 @@ class Layer(nn.Module):
         return self.ln2(h + dropout(ffn, self.p_drop, self.training))
 
     def forward(self, h, mask):
-        return self.feed_forward(self.attention(h, mask))
+        return self.feed_forward(self.attention(h, mask)[0])
 
 
 @dataclass
@@ -131,9 +138,7 @@ def autocast(dtype, device):
 def sdpa_mask(attention_mask):
     """(B, L) 1 for real tokens -> (B, 1, 1, L) bool for SDPA, True where a key may be attended
     (never from token id 0)."""
-    if attention_mask is None:
-        return None
-    return attention_mask.bool()[:, None, None, :]
+    return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
 
 
 class Bert(nn.Module):
@@ -149,14 +154,13 @@ class Bert(nn.Module):
         """(NSP logits, pooled [CLS]) of the last layer's states, in fp32 even under bf16 autocast:
         bf16 logits (3 significant digits) would turn close scores into ties."""
         with torch.autocast(h.device.type, enabled=False):
-            pooled = torch.tanh(self.pooler(h[:, 0].float()))  # the [CLS] token
+            pooled = torch.tanh(self.pooler(h[:, 0].float()))  # The pooler reads [CLS].
             return self.nsp(pooled), pooled
 
     def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, inputs_embeds=None,
                 output_hidden_states=False):
         h = self.embeddings(input_ids, token_type_ids, inputs_embeds)
-        mask = sdpa_mask(attention_mask)
-        hidden = [h]
+        mask, hidden = sdpa_mask(attention_mask), [h]
         for layer in self.layers:
             h = layer(h, mask)
             hidden.append(h)

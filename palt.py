@@ -24,17 +24,22 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PaltConfig:
-    prompts: tuple = (10, 10, 10)  # b, m, e: prompt tokens at the start, middle and end
-    calib_layers: tuple | None = None  # None: the middle and the last layer (6 and 11 of BERT-base)
+    prompts: tuple = (10, 10, 10)  # b, m, e: how many prompt tokens at the start, middle and end
+    calib_layers: tuple | None = None  # from 0; None: default_calib_layers (finetune: none)
     prompt_encoder: bool = True  # W_p of Eq. 1
-    # re-parametrise the prompts through an MLP: 2*d_h*d_h more parameters. Off: on WN11 dev the
-    # reference code's prompt MLP did not help (MiniLM, 400 steps: 79.2% with, 79.5% without)
+    # Re-parametrise the prompt vectors through an MLP (2*d_h*d_h more parameters). It is off
+    # because on WN11 dev the reference code's prompt MLP did not help (RESULTS.md, Ablations).
     prompt_mlp: bool = False
-    # train the whole LM and no PALT part: the paper's "Finetuning" (KG-BERT)
+    # Train the whole LM and none of PALT's parts: the paper's "Finetuning" row (KG-BERT).
     finetune: bool = False
 
 
-# a plain BERT, none of PALT's parts: zero-shot scoring with a pretrained NSP head
+def default_calib_layers(n_layers):
+    """The layers PALT calibrates unless told: the middle and the last (6, 11 of BERT-base)."""
+    return (n_layers // 2, n_layers - 1)
+
+
+# A plain BERT, none of PALT's parts, scores zero-shot with its pretrained NSP head.
 ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False,
                  finetune=False)
 
@@ -51,53 +56,53 @@ class PALT(nn.Module):
     def __init__(self, bert, cfg: PaltConfig, heads_to_train=()):
         super().__init__()
         H, n_layers = bert.config.hidden_size, bert.config.num_hidden_layers
-        palt_parts = sum(cfg.prompts) or cfg.calib_layers or cfg.prompt_encoder or cfg.prompt_mlp
-        if cfg.finetune and palt_parts:
-            raise ConfigError("--finetune trains the plain LM: use it with --prompts 0,0,0 "
-                              "--calib none --no-wp")
-        calib = tuple(cfg.calib_layers or ())
-        if cfg.calib_layers is None:
-            calib = (n_layers // 2, n_layers - 1)
-        if any(not 0 <= i < n_layers for i in calib):
-            raise ConfigError(f"calibration layers {calib} outside 0..{n_layers - 1}")
-        self.bert, self.cfg, self.calib_layers = bert, cfg, calib
+        if cfg.finetune and (sum(cfg.prompts) or cfg.calib_layers or cfg.prompt_encoder
+                             or cfg.prompt_mlp):
+            raise ConfigError("PaltConfig(finetune=True) trains the LM alone: give it prompts=(0, "
+                              "0, 0), prompt_encoder=False and no calib_layers or prompt_mlp")
+        layers = tuple(cfg.calib_layers or ())
+        if cfg.calib_layers is None and not cfg.finetune:
+            layers = default_calib_layers(n_layers)
+        if any(not 0 <= i < n_layers for i in layers):
+            raise ConfigError(f"calibration layers {layers} outside 0..{n_layers - 1}")
+        self.bert, self.cfg, self.calib_layers = bert, cfg, layers
         self.heads_to_train = tuple(heads_to_train)
         n_prompts = sum(cfg.prompts)
-        self.prompts = None
-        self.prompt_mlp = None
+        self.P, self.prompt_mlp = None, None  # P: the prompt vectors, (n_prompts, H)
         if n_prompts:
-            self.prompts = nn.Parameter(torch.randn(n_prompts, H) * bert.config.initializer_range)
+            self.P = nn.Parameter(torch.randn(n_prompts, H) * bert.config.initializer_range)
         if n_prompts and cfg.prompt_mlp:
             self.prompt_mlp = nn.Sequential(nn.Linear(H, H), nn.ReLU(), nn.Linear(H, H))
         self.W_p = zero_linear(H) if cfg.prompt_encoder else None
-        self.calib = nn.ModuleDict({str(i): zero_linear(H) for i in calib})
+        self.W_c = nn.ModuleDict({str(i): zero_linear(H) for i in layers})  # Eq. 2, by layer
         # Freeze every pretrained tensor but the heads without NSP pretraining (MiniLM's pooler and
         # NSP head), which must train.
         for name, p in bert.named_parameters():
             p.requires_grad = cfg.finetune or name.split(".")[0] in self.heads_to_train
 
-    def forward(self, input_ids, token_type_ids, attention_mask, prompt_index):
+    def forward(self, input_ids, token_type_ids, attention_mask, prompt_index, attention=False):
+        """NSP logits (B, 2), class 0 a true triple; with attention=True, (those, each layer's
+        attention weights (B, n_head, L, L)), as Layer.attention applies them."""
         bert = self.bert
         x = bert.embeddings.word(input_ids)  # (B, L, H)
-        if self.prompts is not None:
-            P = self.prompts  # (n_prompts, H)
-            if self.prompt_mlp is not None:
-                P = self.prompt_mlp(P)
-            # the prompt slots (prompt_index k >= 0) take the k-th prompt vector: one select. A
-            # lookup, as F.embedding: its backward is ~5x faster on a CPU than P[index]'s
+        if self.P is not None:
+            P = self.P if self.prompt_mlp is None else self.prompt_mlp(self.P)  # (n_prompts, H)
+            # The prompt slots (prompt_index k >= 0) take the k-th vector in one select, looked up
+            # by F.embedding because its CPU backward is much faster than P[index]'s (RESULTS.md).
             P_at = F.embedding(prompt_index.clamp(min=0), P)  # (B, L, H)
             x = torch.where(prompt_index[..., None] >= 0, P_at, x)
         if self.W_p is not None:
             x = x + self.W_p(x)  # Eq. 1, on every input embedding: prompts and text tokens
         h = bert.embeddings(inputs_embeds=x, token_type_ids=token_type_ids)
-        mask = sdpa_mask(attention_mask)
+        mask, weights = sdpa_mask(attention_mask), []
         for i, layer in enumerate(bert.layers):
-            h = layer.attention(h, mask)
+            h, w = layer.attention(h, mask, attention)
+            weights.append(w)
             if i in self.calib_layers:
-                h = h + self.calib[str(i)](h)  # Eq. 2
+                h = h + self.W_c[str(i)](h)  # Eq. 2
             h = layer.feed_forward(h)
         nsp_logits, _ = bert.nsp_head(h)
-        return nsp_logits  # (B, 2); class 0 = true triple
+        return (nsp_logits, weights) if attention else nsp_logits
 
 
 def score(logits):
@@ -111,11 +116,9 @@ def param_report(model):
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        # by module: prompts, W_p, calib, bert.pooler, bert.nsp (or all of bert)
+        # The parts are the modules: P, W_p, W_c, bert.pooler, bert.nsp (or all of bert).
         path = name.split(".")
-        part = path[0]
-        if path[0] == "bert" and not model.cfg.finetune:
-            part = ".".join(path[:2])
+        part = ".".join(path[:2]) if path[0] == "bert" and not model.cfg.finetune else path[0]
         parts[part] = parts.get(part, 0) + p.numel()
     tunable, total = sum(parts.values()), sum(p.numel() for p in model.parameters())
     return {"tunable": tunable, "total": total, "percent": 100 * tunable / total, "parts": parts}

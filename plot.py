@@ -1,24 +1,27 @@
 """Pictures of PALT: where a model's attention goes on one triple, and how a training run went.
 
-    python plot.py attention "evening clothes" "type of" attire --data wn11 --out a.png
-    python plot.py attention virus causes disease --compare minilm --out a.png   (beside plain)
+    python plot.py attention "evening clothes" "type of" attire --data wn11
+    python plot.py attention virus causes disease --compare minilm   (beside plain MiniLM)
     python plot.py curve runs/umls-minilm results/palt-umls-minilm.train.log --out curve.png
 
-attention: the triple's sequence [CLS] P*b head relation P*m [SEP] tail P*e [SEP] is run step by
-step through the model's own modules (PALT's prompts, Eq. 1 and Eq. 2 included); at the chosen
-layers (default: the first, the middle and the last) each head's weights softmax(q k^T / sqrt(d) +
-mask), from that layer's own q and k: the weights its scaled_dot_product_attention applies
-(tests/test_plot.py holds weights @ v to it). Drawn: the attention of [CLS] (--token: another
-token's) per head, or with --matrices every head's whole matrix. Entities and relations by id or
-text, as --predict takes them; --data, --ckpt and --model as evaluate.py takes them (default: umls
-and its shipped adapter). --compare: a second checkpoint or run folder, or a base model (minilm,
+attention: the triple's sequence [CLS] P*b head relation P*m [SEP] tail P*e [SEP] goes through
+the model's own forward, PALT.forward(..., attention=True), which hands back each layer's weights
+softmax(q k^T / sqrt(d) + mask) from that layer's own q and k: the weights its
+scaled_dot_product_attention applies (tests/test_plot.py holds weights @ v to it). Layers are
+numbered from 0, as PALT and train.py's --calib number them; the default --layers are the first
+and the two PALT calibrates by default, the middle and the last (palt.default_calib_layers: 0, 3
+and 5 of MiniLM). Drawn: the attention of [CLS] (--token: another token's) per head, or with
+--matrices every head's whole matrix. Entities and relations by id or text, as --predict takes
+them; --data, --ckpt and --model as evaluate.py takes them (default: umls and its shipped
+adapter). --compare: a second checkpoint or run folder, or a base model (minilm,
 bert-base-uncased, a model folder) zero-shot, drawn beside.
 curve: train.py's log (a run folder's log.txt, or a results/*.train.log): the train loss as
 logged (the mean since the epoch's start or a resume) and the dev metric against steps, the best
-dev point starred, several runs overlaid. matplotlib is optional: pip install matplotlib.
+dev point starred, several runs overlaid.
+--out: the PNG to write; by default one named after what it draws, in the current folder
+(attention-HEAD-RELATION-TAIL.png, curve-RUN.png). matplotlib is optional: pip install matplotlib.
 """
 import argparse
-import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -27,10 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import bert
 import data
 import palt
+from evaluate import ERRORS
 from support import evalcli, files, graphs, hub, predict
+from support.flags import FlagError
 
 DPI = 100
 PART_COLOURS = {"[CLS]": "grey", "[SEP]": "grey", "prompt": "darkorange", "head": "black",
@@ -39,49 +43,6 @@ DEV_KINDS = {"sampled": "dev: sampled candidates", "all": "dev: all candidates",
              "estimate": "dev: stratified estimate (its 1 / rank runs ~2x the MRR)",
              "accuracy": "dev accuracy"}
 NO_MATPLOTLIB = "plot.py needs matplotlib: pip install matplotlib"
-
-
-# ------------------------------------------------------------------------- attention weights
-def attention_weights(layer, h, mask):
-    """(B, n_head, L, L) softmax(q k^T / sqrt(d_head) + mask): the weights the layer's
-    scaled_dot_product_attention applies to v, from its own q and k projections of its input h
-    (B, L, H); mask (B, 1, 1, L) bool, True where a key may be attended (None: every key)."""
-    B, L, H = h.shape
-    d = H // layer.n_head
-    q = layer.q(h).view(B, L, layer.n_head, d).transpose(1, 2)  # (B, n_head, L, d)
-    k = layer.k(h).view(B, L, layer.n_head, d).transpose(1, 2)
-    logits = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, n_head, L, L)
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))  # a key not to attend: weight 0
-    return logits.softmax(-1)
-
-
-@torch.inference_mode()
-def forward_with_attention(model, batch, layers):
-    """(NSP logits (B, 2), {layer: attention weights}, {layer: its input h}) of a PALT model,
-    step by step as PALT.forward computes them (prompts, Eq. 1, each layer's two sublayers, Eq. 2,
-    the head). The weights are computed at the chosen layers only, beside the fast path (SDPA),
-    which runs as it always does."""
-    bert_ = model.bert
-    x = bert_.embeddings.word(batch["input_ids"])  # (B, L, H)
-    if model.prompts is not None:
-        P = model.prompts if model.prompt_mlp is None else model.prompt_mlp(model.prompts)
-        prompt_index = batch["prompt_index"]  # the k-th prompt slot takes P[k]
-        x = torch.where(prompt_index[..., None] >= 0, P[prompt_index.clamp(min=0)], x)
-    if model.W_p is not None:
-        x = x + model.W_p(x)  # Eq. 1
-    h = bert_.embeddings(inputs_embeds=x, token_type_ids=batch["token_type_ids"])
-    mask = batch["attention_mask"].bool()[:, None, None, :]  # (B, 1, 1, L): SDPA's boolean mask
-    weights, inputs = {}, {}
-    for i, layer in enumerate(bert_.layers):
-        if i in layers:
-            weights[i], inputs[i] = attention_weights(layer, h, mask), h
-        h = layer.attention(h, mask)
-        if i in model.calib_layers:
-            h = h + model.calib[str(i)](h)  # Eq. 2
-        h = layer.feed_forward(h)
-    pooled = torch.tanh(bert_.pooler(h[:, 0].float()))  # the NSP head reads [CLS], in fp32
-    return bert_.nsp(pooled), weights, inputs
 
 
 # ------------------------------------------------------------------------- models and the triple
@@ -112,8 +73,8 @@ def compare_spec(spec):
     if p.is_file() or (p.is_dir() and not (p / "model.safetensors").is_file()):
         return spec, None
     if not p.exists() and spec != "minilm" and spec not in hub.HUB_MODELS:
-        raise SystemExit(f"error: --compare {spec}: no such checkpoint, run folder or base model "
-                         f"(minilm, {', '.join(hub.HUB_MODELS)}, or a model folder)")
+        raise FlagError(f"--compare {spec}: no such checkpoint, run folder or base model "
+                        f"(minilm, {', '.join(hub.HUB_MODELS)}, or a model folder)")
     return None, spec
 
 
@@ -134,8 +95,7 @@ def load_source(args, meta, kg):
         return Source(Path(args.ckpt).stem, label, model, kg, tokenizer, tuple(info["prompts"]),
                       info["max_seq_length"])
     torch.manual_seed(0)
-    cfg = palt.PaltConfig(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False)  # plain BERT
-    model, loaded = palt.build_palt(args.model, cfg)
+    model, loaded = palt.build_palt(args.model, palt.PaltConfig(**palt.ZERO_SHOT))
     note = "zero-shot NSP"
     if loaded.heads_to_train:
         note = "no NSP head: a random one, so its score means nothing"
@@ -191,27 +151,29 @@ def token_parts(src, enc, triple, batch):
 
 
 def triple_view(src, head, relation, tail, layers, token="[CLS]"):
-    """What one column of panels shows: {text, score, labels, parts, layers, n_layers, token (the
-    attending position: a label such as [CLS] or P1, its first occurrence, or a position from 0),
-    weights (n_layers, n_head, L, L)}."""
+    """What one column of panels shows: {text, score, labels, parts, layers (from 0), n_layers,
+    calibrated (the layers PALT calibrates), token (the attending position: a label such as [CLS]
+    or P1, its first occurrence, or a position from 0), weights (chosen layers, n_head, L, L)}."""
     h, r, t, new = resolve_triple(src.kg, head, relation, tail)
     enc = data.encode(src.kg, src.tokenizer, new)
     batch = data.build_batch(enc, [(h, r, t)], src.prompts, src.max_seq_length)
     n_layers = src.model.bert.config.num_hidden_layers
-    chosen = layers or sorted({0, (n_layers - 1) // 2, n_layers - 1})  # first, middle, last
+    chosen = layers or sorted({0, *palt.default_calib_layers(n_layers)})
     for i in chosen:
         if not 0 <= i < n_layers:
-            raise SystemExit(f"error: --layers {i + 1}: {src.name} has layers 1 to {n_layers}")
-    logits, weights, _ = forward_with_attention(src.model.eval(), batch, set(chosen))
+            raise FlagError(f"--layers {i}: {src.name} has layers 0 to {n_layers - 1}")
+    with torch.inference_mode():
+        logits, weights = src.model.eval()(**batch, attention=True)
     labels, parts = token_parts(src, enc, (h, r, t), batch)
     if token not in labels and not (token.isdigit() and int(token) < len(labels)):
-        raise SystemExit(f"error: --token {token}: not in {src.name}'s sequence "
-                         f"({' '.join(labels)}); give a token or a position from 0")
+        raise FlagError(f"--token {token}: not in {src.name}'s sequence "
+                        f"({' '.join(labels)}); give a token or a position from 0")
     position = labels.index(token) if token in labels else int(token)
     names = src.kg.ent_text + new
     return {"text": f"({names[h]}, {src.kg.rel_text[r]}, {names[t]})",
             "score": float(palt.score(logits)[0]), "labels": labels, "parts": parts,
-            "layers": chosen, "n_layers": n_layers, "token": position,
+            "layers": chosen, "n_layers": n_layers, "calibrated": src.model.calib_layers,
+            "token": position,
             "weights": torch.stack([weights[i][0] for i in chosen]).numpy()}
 
 
@@ -336,18 +298,18 @@ def read_curve(path, name=None):
     after the log's file name."""
     p = Path(path)
     if not p.exists():
-        raise SystemExit(f"error: {p}: no such run folder or train log")
+        raise data.DataError(f"{p}: no such run folder or train log")
     log = p / "log.txt" if p.is_dir() else p
     if not log.is_file():
-        raise SystemExit(f"error: {p}: a folder without log.txt (give a run folder of train.py, "
-                         "or its log)")
+        raise data.DataError(f"{p}: a folder without log.txt (give a run folder of train.py, "
+                             "or its log)")
     default = re.sub(r"(\.train)?\.(log|txt)$", "", log.name)
     if log.name == "log.txt":
         default = log.resolve().parent.name
     curve = parse_log(files.read_text(log, data.DataError)[1], name or default)
     if not curve.loss:
-        raise SystemExit(f"error: {log}: no training lines ('epoch E/N step S/T loss X ...', as "
-                         "train.py writes them)")
+        raise data.DataError(f"{log}: no training lines ('epoch E/N step S/T loss X ...', as "
+                             "train.py writes them)")
     return curve
 
 
@@ -368,7 +330,7 @@ def need_pyplot():
     """pyplot(), else the one-line error that says how to install it."""
     plt = pyplot()
     if plt is None:
-        raise SystemExit(NO_MATPLOTLIB)
+        raise ModuleNotFoundError(NO_MATPLOTLIB)
     return plt
 
 
@@ -430,8 +392,10 @@ def draw_token_rows(plt, views, sources):
             ax.set_yticks(range(len(w)), [f"h{k + 1}" for k in range(len(w))], fontsize=7)
             mark_tokens(ax, view)
             note = f"\n({src.note})" if src.note else ""
-            ax.set_title(f"{src.label}{note}\nlayer {layer + 1} of {view['n_layers']}: attention "
-                         f"of {view['labels'][view['token']]} per head", fontsize=9, pad=16)
+            calibrated = ", calibrated after it" if layer in view["calibrated"] else ""
+            ax.set_title(f"{src.label}{note}\nlayer {layer} of 0..{view['n_layers'] - 1}"
+                         f"{calibrated}: attention of {view['labels'][view['token']]} per head",
+                         fontsize=9, pad=16)
     return fig
 
 
@@ -456,7 +420,7 @@ def draw_matrices(plt, views, sources):
                 for pos in lines:
                     ax.axvline(pos, color="white", lw=0.3)
                     ax.axhline(pos, color="white", lw=0.3)
-            axes[row, 0].set_ylabel(f"{src.name}\nlayer {layer + 1}", fontsize=7)
+            axes[row, 0].set_ylabel(f"{src.name}\nlayer {layer}", fontsize=7)
             row += 1
     return fig
 
@@ -529,14 +493,21 @@ def write_curve(run_folder):
 
 # ------------------------------------------------------------------------- command line
 def layer_list(text):
-    """--layers 1,3,6 (from 1, as the paper counts) -> [0, 2, 5]."""
+    """--layers 0,3,5 (from 0, as PALT and --calib number them) -> [0, 3, 5]."""
     try:
-        layers = [int(x) - 1 for x in text.split(",")]
+        layers = [int(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected layers like 1,3,6, not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected layers like 0,3,5, not {text!r}") from None
     if min(layers) < 0:
-        raise argparse.ArgumentTypeError(f"layers count from 1, not {text!r}")
+        raise argparse.ArgumentTypeError(f"layers count from 0, not {text!r}")
     return sorted(set(layers))
+
+
+def png_name(kind, parts):
+    """A default --out, in the current folder: kind-part-part.png, each part's characters other
+    than ASCII letters, digits, '.', '_', '+' and '-' turned to '_'."""
+    safe = [re.sub(r"[^A-Za-z0-9._+-]+", "_", p).strip("._-") for p in parts]
+    return "-".join([kind, *safe]) + ".png"
 
 
 def parse_args(argv=None):
@@ -556,20 +527,24 @@ def parse_args(argv=None):
     src.add_argument("--model", help="a base model, zero-shot (minilm: its NSP head is random)")
     att.add_argument("--compare", help="beside it: a checkpoint, run folder or base model")
     att.add_argument("--text", choices=graphs.TEXTS, help="zero-shot: entity texts (default name)")
-    att.add_argument("--layers", type=layer_list, help="layers, from 1 (default: first, middle, "
-                     "last)")
+    att.add_argument("--layers", type=layer_list, help="layers from 0, as --calib numbers them "
+                     "(default: the first, the middle and the last)")
     att.add_argument("--token", default="[CLS]", help="the attending token: a label (P1: the "
                      "first prompt slot) or a position from 0 (default [CLS])")
     att.add_argument("--matrices", action="store_true", help="every head's whole matrix")
-    att.add_argument("--out", required=True, help="the PNG to write")
+    att.add_argument("--out", help="the PNG to write (default: attention-HEAD-RELATION-TAIL.png "
+                     "here)")
     cur = sub.add_parser("curve", help="train loss and dev metric against steps, runs overlaid")
     cur.add_argument("runs", nargs="+", metavar="RUN_FOLDER_OR_TRAIN_LOG")
     cur.add_argument("--names", help="legend names, comma-separated, one a run (default: the "
                      "folder's or the file's)")
     cur.add_argument("--logx", action="store_true", help="steps on a log scale")
-    cur.add_argument("--out", required=True, help="the PNG to write")
+    cur.add_argument("--out", help="the PNG to write (default: curve-RUN.png here, the runs' "
+                     "names joined by +)")
     args = ap.parse_args(argv)
-    if not args.out.lower().endswith(".png") or Path(args.out).is_dir():
+    if args.command == "attention" and not args.out:
+        args.out = png_name("attention", args.triple)
+    if args.out and (not args.out.lower().endswith(".png") or Path(args.out).is_dir()):
         ap.error(f"--out {args.out}: give the path of a .png file")
     if args.command == "curve" and args.names and len(args.names.split(",")) != len(args.runs):
         ap.error(f"--names gives {len(args.names.split(','))} names for {len(args.runs)} runs")
@@ -603,17 +578,19 @@ def attention(args):
             mean, top = part_shares(view, row)
             shares = ", ".join(f"{p} {s:.2f}" for p, s in mean.items())
             heads = ", ".join(f"{p} {n}" for p, n in top.items() if n)
-            print(f"  layer {layer + 1}: {view['labels'][view['token']]}'s attention, mean over "
+            print(f"  layer {layer}: {view['labels'][view['token']]}'s attention, mean over "
                   f"heads: {shares}; heads by their largest part: {heads}")
     save_png(plt, draw_attention(plt, views, sources, args.matrices), Path(args.out))
     print(f"wrote {args.out}")
 
 
 def curve(args):
-    """plot.py curve: read every run first, then draw and write."""
-    files.check_writable(Path(args.out).parent, f"--out {args.out}")
+    """plot.py curve: read every run first (the default --out is named after them), then draw and
+    write."""
     names = args.names.split(",") if args.names else [None] * len(args.runs)
     curves = [read_curve(path, name) for path, name in zip(args.runs, names)]
+    args.out = args.out or png_name("curve", ["+".join(c.name for c in curves)])
+    files.check_writable(Path(args.out).parent, f"--out {args.out}")
     plt = need_pyplot()
     for c in curves:
         summary = f"{c.name}: {len(c.loss)} loss points to step {c.loss[-1][0]:,} of {c.total:,}"
@@ -627,15 +604,17 @@ def curve(args):
 
 
 def main(argv=None):
-    """Parse and run the command; data and checkpoint errors become one line."""
+    """Parse and run the command; the library's errors become one line."""
     args = parse_args(argv)
     try:
         if args.command == "attention":
             attention(args)
         else:
             curve(args)
-    except (data.DataError, bert.CheckpointError, palt.ConfigError) as e:
+    except ERRORS as e:
         raise SystemExit(f"error: {e}") from None
+    except ModuleNotFoundError as e:  # matplotlib: the message says how to install it
+        raise SystemExit(str(e)) from None
     except OSError as e:  # the PNG could not be written (disk full, permissions): no partial file
         raise SystemExit(f"error: cannot write {args.out} ({e.strerror or e})") from None
 

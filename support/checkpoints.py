@@ -26,9 +26,25 @@ META_KEYS = ("model", "weights_sha256", "data", "data_fingerprint", "text", "pro
 
 
 # ----------------------------------------------------------------------------- checkpoint files
+def stored_name(name):
+    """A parameter's name in checkpoint and resume-state files. PALT's prompt vectors P and
+    calibration maps W_c keep the names "prompts" and "calib.<layer>" they were first saved under,
+    so that the shipped adapters and every run folder load as they are."""
+    first, dot, rest = name.partition(".")
+    return {"P": "prompts", "W_c": "calib"}.get(first, first) + dot + rest
+
+
 def trainable_state(model):
-    """{name: CPU tensor} of the parameters that train."""
-    return {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+    """{stored name: CPU tensor} of the parameters that train."""
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return {stored_name(n): p.detach().cpu() for n, p in trained}
+
+
+def load_stored(model, tensors):
+    """{stored name: tensor} into model's parameters of those names, strictly; the rest as is."""
+    ours = {stored_name(n): n for n in model.state_dict()}
+    state = model.state_dict() | {ours[k]: t for k, t in tensors.items()}
+    model.load_state_dict(state, strict=True)
 
 
 def palt_meta(model):
@@ -95,7 +111,7 @@ def load_checkpoint(path, model=None):
     if got != expected:
         diff = sorted(set(got.items()) ^ set(expected.items()))[:3]
         raise CheckpointError(f"{path}: tensors do not match this PALT configuration (e.g. {diff})")
-    palt.load_state_dict(palt.state_dict() | tensors, strict=True)
+    load_stored(palt, tensors)
     return palt, meta, loaded
 
 
@@ -181,7 +197,8 @@ def save_state(path, model, opt, params, meta):
     moments = {}
     for n, p in params.items():
         for k, v in opt.state.get(p, {}).items():
-            moments[f"{k}.{n}"] = v.detach().cpu().reshape(-1) if k == "step" else v.detach().cpu()
+            value = v.detach().cpu().reshape(-1) if k == "step" else v.detach().cpu()
+            moments[f"{k}.{stored_name(n)}"] = value
     tensors = {f"model.{n}": t for n, t in trainable_state(model).items()}
     save_atomic(path, tensors | moments, meta | {"kind": "train-state"})
 
@@ -210,12 +227,13 @@ def restore(saved, path, model, opt, params):
         return history
     tensors, _ = read_checkpoint(path, kind="train-state")
     got = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-    if set(got) != set(params):
+    names = {stored_name(n): n for n in params}
+    if set(got) != set(names):
         raise CheckpointError(f"{path} holds other tensors than this model trains; choose "
                               "another --out")
-    got = {k: v.to(params[k].device) for k, v in got.items()}
-    model.load_state_dict(model.state_dict() | got, strict=True)
-    for name, p in params.items():
+    load_stored(model, {k: v.to(params[names[k]].device) for k, v in got.items()})
+    for n, p in params.items():
+        name = stored_name(n)
         if f"step.{name}" not in tensors:
             continue
         moments = {k: tensors[f"{k}.{name}"].to(p.device) for k in ("exp_avg", "exp_avg_sq")}

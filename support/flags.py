@@ -32,7 +32,7 @@ def int_list(s, n=()):
     except ValueError:
         t = (-1,)
     if (n and len(t) not in n) or min(t, default=0) < 0:
-        what = "layer numbers like 3,5, or none"
+        what = "layer numbers from 0 like 3,5, or none"
         if n:
             what = f"{' or '.join(map(str, n))} non-negative integers like 2,0,0"
         raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
@@ -162,6 +162,9 @@ def parse_args(argv, presets, description):
     setting left open; every flag is checked here, before anything loads."""
     ap = parser(description, presets)
     run = Run(**vars(ap.parse_args(argv)))
+    if run.finetune and (sum(run.prompts or ()) or run.calib or run.prompt_mlp):
+        ap.error("--finetune trains the whole LM and none of PALT's parts: drop --prompts, --calib "
+                 "and --prompt-mlp")
     try:
         name = dataset(run.data, run.data_dir)[0]  # a benchmark's name, or a folder with train.tsv
     except DataError as e:
@@ -173,7 +176,7 @@ def parse_args(argv, presets, description):
             setattr(run, k, v)
     run.hard_negatives = run.hard_negatives or 0.0  # a recipe without them: none
     check_run(ap, run)
-    if run.finetune:  # the paper's Finetuning row: the whole LM, none of PALT's parts
+    if run.finetune:  # the paper's Finetuning row: the recipe's prompts, calibration and W_p off
         run.prompts, run.calib, run.no_wp = (0, 0, 0), (), True
     check_seq_length(run.max_seq_length, sum(run.prompts))
     run.out = run.out or f"runs/{name}-{Path(run.model).name}"

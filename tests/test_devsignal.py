@@ -25,7 +25,7 @@ def ranked(tmp_path_factory):
         torch.manual_seed(seed)
         model, loaded = palt.build_palt(str(base), palt.PaltConfig(prompts=(1, 0, 0), calib_layers=(1,)))
         with torch.no_grad():
-            model.calib["1"].weight.normal_(0, 0.5)  # W_c starts at zero: make the two checkpoints differ
+            model.W_c["1"].weight.normal_(0, 0.5)  # W_c starts at zero: make the two checkpoints differ
         ckpt = root / f"c{seed}.safetensors"
         checkpoints.save_checkpoint(ckpt, model, {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls",
                                            "data_fingerprint": kg.fingerprint, "text": "name", "prompts": [1, 0, 0],

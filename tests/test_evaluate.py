@@ -323,7 +323,7 @@ def trained(tiny_bert, lp_root, tmp_path_factory):
     torch.manual_seed(1)
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(prompts=(2, 1, 1), calib_layers=(0,)))
     with torch.no_grad():
-        model.calib["0"].weight.normal_(0, 0.3)  # W_c starts at zero; make it matter
+        model.W_c["0"].weight.normal_(0, 0.3)  # W_c starts at zero; make it matter
     kg = graphs.load_kg("umls", lp_root)
     path = tmp_path_factory.mktemp("run") / "ckpt.safetensors"
     checkpoints.save_checkpoint(path, model, {"model": str(tiny_bert), "weights_sha256": loaded.weights_sha256, "data": "umls",
@@ -348,7 +348,7 @@ def long_rows(tiny_bert, lp_root):
     torch.manual_seed(2)
     model, loaded = palt.build_palt(str(tiny_bert), palt.PaltConfig(prompts=(8, 4, 4), calib_layers=(0,)))
     with torch.no_grad():
-        model.calib["0"].weight.normal_(0, 0.3)
+        model.W_c["0"].weight.normal_(0, 0.3)
     kg = graphs.load_kg("umls", lp_root)
     triples = np.array([(h, r, t) for h in range(len(kg.entities)) for r in range(2) for t in range(0, 10, 3)])
     return model.eval(), data.encode(kg, loaded.tokenizer), triples

@@ -1,12 +1,13 @@
 """palt.py: zero-init PALT is plain BERT, only PALT parts train, the paper's parameter count, checkpoints."""
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from bert import Bert, BertConfig, CheckpointError
 from support.hub import load_bert
 from conftest import make_bert_dir
 from support.checkpoints import load_checkpoint, save_checkpoint
-from palt import PALT, PaltConfig, param_report
+from palt import PALT, ConfigError, PaltConfig, default_calib_layers, param_report
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -41,7 +42,7 @@ def test_zero_init_palt_without_prompts_is_exactly_bert(base):
     with torch.no_grad():
         ref = loaded.model(x["input_ids"], x["token_type_ids"], x["attention_mask"]).nsp_logits
         assert torch.equal(palt(**x), ref)  # W_p and W_c are zero: bit for bit the same computation
-        palt.calib["3"].weight.add_(torch.randn(32, 32) * 0.1)  # and the calibration really is in the path
+        palt.W_c["3"].weight.add_(torch.randn(32, 32) * 0.1)  # and the calibration really is in the path
         assert not torch.allclose(palt(**x), ref)
 
 
@@ -52,7 +53,7 @@ def test_prompts_are_inserted_at_their_slots(base):
     x = batch((2, 1, 3))
     tokens = torch.tensor([7, 8, 9, 10, 11, 12])
     with torch.no_grad():
-        palt.prompts.copy_(loaded.model.embeddings.word(tokens))
+        palt.P.copy_(loaded.model.embeddings.word(tokens))
         ids = torch.where(x["prompt_index"] >= 0, tokens[x["prompt_index"].clamp(min=0)], x["input_ids"])
         ref = loaded.model(ids, x["token_type_ids"], x["attention_mask"]).nsp_logits
         torch.testing.assert_close(palt(**x), ref, atol=1e-6, rtol=0)
@@ -64,7 +65,7 @@ def test_only_palt_parameters_get_gradients(base):
     palt(**batch((2, 1, 1))).sum().backward()
     got = {n for n, p in palt.named_parameters() if p.grad is not None}
     assert got == {n for n, p in palt.named_parameters() if not n.startswith("bert.")}
-    assert {"prompts", "W_p.weight", "calib.2.weight", "calib.3.bias", "prompt_mlp.0.weight"} <= got
+    assert {"P", "W_p.weight", "W_c.2.weight", "W_c.3.bias", "prompt_mlp.0.weight"} <= got
 
 
 def test_heads_to_train_train_and_finetune_trains_everything(base, tmp_path):
@@ -72,12 +73,30 @@ def test_heads_to_train_train_and_finetune_trains_everything(base, tmp_path):
     assert headless.heads_to_train == ("pooler", "nsp")
     palt = PALT(headless.model, PaltConfig(prompts=(1, 0, 0), calib_layers=()), headless.heads_to_train)
     trainable = {n for n, p in palt.named_parameters() if p.requires_grad}
-    assert trainable == {"prompts", "W_p.weight", "W_p.bias", "bert.pooler.weight", "bert.pooler.bias",
+    assert trainable == {"P", "W_p.weight", "W_p.bias", "bert.pooler.weight", "bert.pooler.bias",
                          "bert.nsp.weight", "bert.nsp.bias"}
-    ft = PALT(load_bert(base).model, PaltConfig(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, finetune=True))
-    assert all(p.requires_grad for p in ft.parameters()) and param_report(ft)["percent"] == 100
-    with pytest.raises(ValueError, match="finetune"):
-        PALT(load_bert(base).model, PaltConfig(finetune=True))
+
+
+def test_finetune_trains_the_lm_and_nothing_else_whatever_calib_layers_holds(base):
+    """calib_layers=None means the middle and last layer for PALT, and no calibration under finetune=True: finetune
+    never quietly trains a PALT part beside the LM."""
+    for calib_layers in (None, ()):
+        ft = PALT(load_bert(base).model, PaltConfig(prompts=(0, 0, 0), calib_layers=calib_layers, prompt_encoder=False,
+                                                    finetune=True))
+        assert ft.calib_layers == () and len(ft.W_c) == 0 and ft.P is None and ft.W_p is None
+        assert all(p.requires_grad for p in ft.parameters()) and list(param_report(ft)["parts"]) == ["bert"]
+        assert param_report(ft)["percent"] == 100
+
+
+@pytest.mark.parametrize("part", [dict(calib_layers=(1,)), dict(prompts=(1, 0, 0)), dict(prompt_encoder=True),
+                                  dict(prompt_mlp=True)])
+def test_finetune_with_a_palt_part_is_refused_in_one_line(base, part):
+    cfg = PaltConfig(**(dict(prompts=(0, 0, 0), prompt_encoder=False, finetune=True) | part))
+    with pytest.raises(ConfigError, match=r"^PaltConfig\(finetune=True\) trains the LM alone: ") as e:
+        PALT(load_bert(base).model, cfg)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError):
+        PALT(load_bert(base).model, PaltConfig(finetune=True))  # the defaults hold prompts and W_p
 
 
 def test_parameter_count_matches_the_paper_for_bert_base():
@@ -87,7 +106,8 @@ def test_parameter_count_matches_the_paper_for_bert_base():
         bert = Bert(BertConfig())  # the bert-base shape, no download
     palt = PALT(bert, PaltConfig(prompts=(2, 0, 0)))
     r = param_report(palt)
-    assert palt.calib_layers == (6, 11)
+    assert palt.calib_layers == default_calib_layers(12) == (6, 11)  # the middle and the last, from 0
+    assert default_calib_layers(6) == (3, 5)  # MiniLM's
     assert r["tunable"] == 2 * 768 + 768 * 768 + 2 * 768 * 768 + 3 * 768 == 1_771_008 + 2_304
     assert r["total"] - r["tunable"] == 109_483_778  # BertForPreTraining's encoder, pooler and NSP head
     assert round(r["percent"], 1) == 1.6
@@ -100,12 +120,15 @@ def test_checkpoint_roundtrip_and_wrong_base(base, tmp_path):
     loaded = load_bert(base)
     palt = PALT(loaded.model, PaltConfig(prompts=(2, 1, 3))).eval()
     with torch.no_grad():
-        for p in (palt.prompts, palt.W_p.weight, palt.calib["3"].weight):
+        for p in (palt.P, palt.W_p.weight, palt.W_c["3"].weight):
             p.add_(torch.randn_like(p) * 0.05)
     x = batch((2, 1, 3))
     meta = {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls", "data_fingerprint": "f",
             "text": "name", "prompts": [2, 1, 3], "max_seq_length": 64}
     save_checkpoint(tmp_path / "c.safetensors", palt, meta)
+    # the file names P and W_c as the shipped adapters do: "prompts" and "calib.<layer>"
+    assert set(load_file(tmp_path / "c.safetensors")) == {"prompts", "W_p.weight", "W_p.bias", "calib.2.weight",
+                                                          "calib.2.bias", "calib.3.weight", "calib.3.bias"}
     back, back_meta, _ = load_checkpoint(tmp_path / "c.safetensors")
     with torch.no_grad():
         assert torch.equal(back.eval()(**x), palt(**x))

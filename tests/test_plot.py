@@ -1,6 +1,7 @@
-"""plot.py: the attention weights are the ones each layer applies, the step-by-step forward gives
-the model's own score, train logs parse as train.py writes them, the pictures are real PNGs, and
-bad input is one line that writes nothing."""
+"""plot.py: the attention weights it draws are the ones each layer of PALT's own forward applies, its layers are
+numbered as PALT numbers them, train logs parse as train.py writes them, the pictures are real PNGs named after what
+they draw, and bad input is one line that writes nothing."""
+import argparse
 import importlib.util
 import os
 import struct
@@ -37,7 +38,7 @@ def tiny(tmp_path_factory):
     model, loaded = palt.build_palt(str(base), cfg)
     torch.manual_seed(1)
     with torch.no_grad():
-        for p in (model.W_p.weight, model.calib["1"].weight, model.calib["2"].weight):
+        for p in (model.W_p.weight, model.W_c["1"].weight, model.W_c["2"].weight):
             p.add_(torch.randn_like(p) * 0.1)
     kg = graphs.load_kg("umls", root / "data")
     meta = {"model": str(base), "weights_sha256": loaded.weights_sha256, "data": "umls",
@@ -45,7 +46,7 @@ def tiny(tmp_path_factory):
             "max_seq_length": 64}
     ckpt = root / "palt.safetensors"
     checkpoints.save_checkpoint(ckpt, model, meta)
-    return {"data": root / "data", "ckpt": ckpt, "headless": headless, "model": model.eval(),
+    return {"data": root / "data", "words": words, "ckpt": ckpt, "headless": headless, "model": model.eval(),
             "kg": kg, "enc": data.encode(kg, loaded.tokenizer), "tokenizer": loaded.tokenizer}
 
 
@@ -81,13 +82,27 @@ def one_line_error(argv):
 
 
 # ------------------------------------------------------------------------- the attention weights
-def test_weights_at_v_are_each_layers_sdpa_output(tiny):
+def recorded_forward(model, batch, monkeypatch):
+    """(PALT.forward's logits and weights with attention=True, [(each layer's input h, mask, weights) as its
+    attention sublayer saw and returned them]): each layer's attention wrapped, here in the test, to record."""
+    seen = []
+    for layer in model.bert.layers:
+        def recording(h, mask, weights=False, original=layer.attention):
+            out = original(h, mask, weights)
+            seen.append((h, mask, out[1]))
+            return out
+        monkeypatch.setattr(layer, "attention", recording)
+    with torch.no_grad():
+        logits, weights = model(**batch, attention=True)
+    return logits, weights, seen
+
+
+def test_weights_at_v_are_each_layers_sdpa_output(tiny, monkeypatch):
     model, batch = tiny["model"], padded_batch(tiny)
-    layers = range(model.bert.config.num_hidden_layers)
-    _, weights, inputs = plot.forward_with_attention(model, batch, set(layers))
-    mask = batch["attention_mask"].bool()[:, None, None, :]
-    for i in layers:
-        layer, h, w = model.bert.layers[i], inputs[i], weights[i]
+    _, weights, seen = recorded_forward(model, batch, monkeypatch)
+    assert len(weights) == len(seen) == model.bert.config.num_hidden_layers
+    for layer, (h, mask, w), drawn in zip(model.bert.layers, seen, weights):
+        assert drawn is w  # the forward hands back what each layer's attention computed
         B, L, H = h.shape
         q, k, v = heads(layer, h)
         torch.testing.assert_close(w @ v, F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
@@ -95,24 +110,41 @@ def test_weights_at_v_are_each_layers_sdpa_output(tiny):
         # the layer's whole attention sublayer, computed with these weights, is what it computes
         merged = (w @ v).transpose(1, 2).reshape(B, L, H)
         with torch.no_grad():
-            torch.testing.assert_close(layer.ln1(h + layer.attn_out(merged)),
-                                       layer.attention(h, mask), atol=1e-5, rtol=0)
+            out, none = layer.attention(h, mask)
+            torch.testing.assert_close(layer.ln1(h + layer.attn_out(merged)), out, atol=1e-5, rtol=0)
+        assert none is None  # the default path computes no weights
         torch.testing.assert_close(w.sum(-1), torch.ones(B, layer.n_head, L))
         assert (w[1, :, :, -2:] == 0).all()  # padding is never attended
 
 
-def test_step_by_step_forward_gives_the_models_own_score(tiny):
+def test_asking_for_the_weights_leaves_the_models_score_as_it_is(tiny):
     model, batch = tiny["model"], padded_batch(tiny)
-    logits, _, _ = plot.forward_with_attention(model, batch, {0})
     with torch.no_grad():
-        expected = model(**batch)
-    torch.testing.assert_close(logits, expected, atol=1e-6, rtol=0)
-    with torch.no_grad():  # the calibration is in the path: without it the score moves
-        saved = model.calib["2"].weight.clone()
-        model.calib["2"].weight.zero_()
-        moved = plot.forward_with_attention(model, batch, set())[0]
-        model.calib["2"].weight.copy_(saved)
-    assert not torch.allclose(moved, expected, atol=1e-4)
+        logits, _ = model(**batch, attention=True)
+        torch.testing.assert_close(logits, model(**batch), atol=0, rtol=0)
+
+
+def test_layers_count_from_0_as_palt_and_calib_count_them():
+    assert [plot.layer_list(t) for t in ("0", "5,3,0", "3,3")] == [[0], [0, 3, 5], [3]]
+    with pytest.raises(argparse.ArgumentTypeError, match="from 0"):
+        plot.layer_list("-1")
+
+
+@needs_matplotlib
+def test_the_default_layers_are_the_first_and_the_ones_palt_calibrates_titled_from_0(tiny, tmp_path):
+    six = make_bert_dir(tmp_path / "six", tiny["words"], layers=6, heads=2)  # MiniLM's depth
+    model, loaded = palt.build_palt(str(six), palt.PaltConfig(prompts=PROMPTS))
+    assert model.calib_layers == (3, 5)  # PALT's middle and last
+    src = plot.Source("six", "six", model.eval(), tiny["kg"], loaded.tokenizer, PROMPTS, 64)
+    view = plot.triple_view(src, "e0", "r0", "e1", None)
+    assert view["layers"] == [0, 3, 5]
+    plt = plot.need_pyplot()
+    fig = plot.draw_attention(plt, [view], [src])
+    titles = [ax.get_title().splitlines()[-1] for ax in fig.axes if ax.get_title()]
+    plt.close(fig)
+    assert titles == ["layer 0 of 0..5: attention of [CLS] per head",
+                      "layer 3 of 0..5, calibrated after it: attention of [CLS] per head",
+                      "layer 5 of 0..5, calibrated after it: attention of [CLS] per head"]
 
 
 def test_tokens_are_labelled_by_part(tiny):
@@ -201,24 +233,25 @@ def test_the_shipped_adapters_train_logs_parse():
 
 # ------------------------------------------------------------------------- pictures
 @needs_matplotlib
-def test_attention_png_beside_a_plain_model(tiny, tmp_path):
-    out = tmp_path / "attention.png"
+def test_attention_png_beside_a_plain_model_named_after_the_triple_by_default(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     plot.main(["attention", "--data", "umls", "--data-dir", str(tiny["data"]), "--ckpt",
-               str(tiny["ckpt"]), "--compare", str(tiny["headless"]), "w0 w0", "rel0", "e1",
-               "--out", str(out)])
-    assert png_width(out) >= 800
+               str(tiny["ckpt"]), "--compare", str(tiny["headless"]), "w0 w0", "rel0", "text:a/b c"])
+    assert capsys.readouterr().out.splitlines()[-1] == "wrote attention-w0_w0-rel0-text_a_b_c.png"
+    assert [p.name for p in tmp_path.iterdir()] == ["attention-w0_w0-rel0-text_a_b_c.png"]
+    assert png_width(tmp_path / "attention-w0_w0-rel0-text_a_b_c.png") >= 800
 
 
 @needs_matplotlib
 def test_whole_matrices_and_a_prompt_tokens_row(tiny, tmp_path):
-    for flags, name in ((["--matrices"], "m.png"), (["--token", "P1", "--layers", "1,3"], "p.png")):
+    for flags, name in ((["--matrices"], "m.png"), (["--token", "P1", "--layers", "0,2"], "p.png")):
         plot.main(["attention", "--data-dir", str(tiny["data"]), "--ckpt", str(tiny["ckpt"]),
                    "e0", "r0", "e1", "--out", str(tmp_path / name), *flags])
         assert png_width(tmp_path / name) >= 800
 
 
 @needs_matplotlib
-def test_curves_png_of_several_runs_and_write_curve(tmp_path):
+def test_curves_png_of_several_runs_and_write_curve(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "log.txt").write_text(LOG)
@@ -227,6 +260,10 @@ def test_curves_png_of_several_runs_and_write_curve(tmp_path):
     plot.main(["curve", str(run), str(tmp_path / "other.train.log"), "--names", "a,b",
                "--out", str(out)])
     assert png_width(out) >= 800
+    monkeypatch.chdir(run)  # without --out: named after the runs, in the current folder
+    plot.main(["curve", str(run), str(tmp_path / "other.train.log")])
+    assert capsys.readouterr().out.splitlines()[-1] == "wrote curve-run+other.png"
+    assert png_width(run / "curve-run+other.png") >= 800
     assert plot.write_curve(run) == run / "curve.png" and png_width(run / "curve.png") >= 800
     assert plot.write_curve(tmp_path / "no-run") is None and not (tmp_path / "no-run").exists()
 
@@ -234,7 +271,7 @@ def test_curves_png_of_several_runs_and_write_curve(tmp_path):
 # ------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("args, what", [(["nowhere", "r0", "e1"], "no entity 'nowhere'"),
                                         (["e0", "r9", "e1"], "no relation 'r9'"),
-                                        (["e0", "r0", "e1", "--layers", "4"], "--layers 4: "),
+                                        (["e0", "r0", "e1", "--layers", "3"], "--layers 3: palt has layers 0 to 2"),
                                         (["e0", "r0", "e1", "--token", "P9"], "--token P9: ")])
 def test_a_bad_entity_relation_layer_or_token_is_one_line_and_writes_nothing(tiny, tmp_path, args,
                                                                             what):
@@ -283,9 +320,9 @@ def test_plot_imports_without_matplotlib_and_never_imports_train():
 
 # ------------------------------------------------------------------------- the shipped adapter
 @pytest.mark.slow
-def test_the_papers_wn11_example_on_the_shipped_adapter():
-    """(evening clothes, type of, attire): the step-by-step score is the Scorer's, and each
-    layer's weights @ v is its SDPA output."""
+def test_the_papers_wn11_example_on_the_shipped_adapter(monkeypatch):
+    """(evening clothes, type of, attire): the score with the weights asked for is the Scorer's, and each layer's
+    weights @ v is its SDPA output."""
     data_dir = os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data")
     if not Path(data_dir, "WN11").is_dir():
         pytest.skip(f"no WN11 data in {data_dir}")
@@ -295,11 +332,10 @@ def test_the_papers_wn11_example_on_the_shipped_adapter():
     triple = [kg.entities.index("__evening_clothes_1"), kg.relations.index("_type_of"),
               kg.entities.index("__attire_1")]
     batch = data.build_batch(enc, [triple], meta["prompts"], meta["max_seq_length"])
-    n = model.bert.config.num_hidden_layers
-    logits, weights, inputs = plot.forward_with_attention(model.eval(), batch, set(range(n)))
     scorer = evaluate.Scorer(model, enc, meta["prompts"], meta["max_seq_length"])
-    torch.testing.assert_close(palt.score(logits), scorer([triple]), atol=1e-4, rtol=0)
-    for i in range(n):
-        q, k, v = heads(model.bert.layers[i], inputs[i])
-        torch.testing.assert_close(weights[i] @ v, F.scaled_dot_product_attention(q, k, v),
-                                   atol=1e-5, rtol=0)
+    expected = scorer([triple])
+    logits, _, seen = recorded_forward(model.eval(), batch, monkeypatch)
+    torch.testing.assert_close(palt.score(logits), expected, atol=1e-4, rtol=0)
+    for layer, (h, mask, w) in zip(model.bert.layers, seen):
+        q, k, v = heads(layer, h)
+        torch.testing.assert_close(w @ v, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-5, rtol=0)

