@@ -150,11 +150,12 @@ class Bert(nn.Module):
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
         self.nsp = nn.Linear(config.hidden_size, 2)
 
-    def nsp_head(self, h):
-        """(NSP logits, pooled [CLS]) of the last layer's states, in fp32 even under bf16 autocast:
-        bf16 logits (3 significant digits) would turn close scores into ties."""
-        with torch.autocast(h.device.type, enabled=False):
-            pooled = torch.tanh(self.pooler(h[:, 0].float()))  # The pooler reads [CLS].
+    def nsp_head(self, x):
+        """(NSP logits, pooled) of x (B, H), the last layer's [CLS] state as BERT reads it, in fp32
+        even under bf16 autocast: bf16 logits (3 significant digits) would turn close scores into
+        ties."""
+        with torch.autocast(x.device.type, enabled=False):
+            pooled = torch.tanh(self.pooler(x.float()))
             return self.nsp(pooled), pooled
 
     def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, inputs_embeds=None,
@@ -164,7 +165,7 @@ class Bert(nn.Module):
         for layer in self.layers:
             h = layer(h, mask)
             hidden.append(h)
-        nsp_logits, pooled = self.nsp_head(h)
+        nsp_logits, pooled = self.nsp_head(h[:, 0])  # [CLS]
         return BertOutput(nsp_logits, pooled, tuple(hidden) if output_hidden_states else None)
 
 

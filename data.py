@@ -153,8 +153,7 @@ def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
 def to_device(t, device):
     """A CPU tensor on the device; to a GPU through pinned memory, so the copy does not wait for the
     GPU's queue: the CPU goes on building the next batch while the GPU runs this one."""
-    device = torch.device(device)
-    if device.type != "cuda":
+    if torch.device(device).type != "cuda":
         return t
     return t.pin_memory().to(device, non_blocking=True)
 

@@ -12,8 +12,6 @@ realistic filtered ranks, the JSON has all. --data: the checkpoint's dataset, el
 --tc); no --ckpt and no --model: the adapter shipped for --data.
 """
 import functools
-import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -41,8 +39,7 @@ class ScoreError(ValueError):
     """Scores that cannot be ranked (NaN or inf): a broken checkpoint or an overflow."""
 
 
-# the errors the commands (evaluate.py, train.py, plot.py) print as one line: bad data, checkpoint,
-# PALT configuration, flag, output folder, scores
+# The errors that the commands print as one line (README.md, Errors).
 ERRORS = (DataError, bert.CheckpointError, palt.ConfigError, FlagError, OutputError, ScoreError)
 
 
@@ -91,24 +88,6 @@ def lp_metrics(ranks):
                "raw": (RAW_OPTIMISTIC, RAW_PESSIMISTIC)}
     return {setting: {side: rank_metrics(ranks[m, o], ranks[m, p]) for side, m in sides.items()}
             for setting, (o, p) in columns.items()}
-
-
-def bootstrap_interval(ranks, n_resamples=1000, seed=0):
-    """95% percentile-bootstrap interval of the filtered realistic MR, MRR, Hits@k of sampled test
-    triples (ranks as in lp_metrics), resampled with replacement, both sides of a triple together ->
-    {"mr": [lo, hi], ..., "seed"}."""
-    r = (ranks[:, FILTERED_OPTIMISTIC] + ranks[:, FILTERED_PESSIMISTIC]) / 2  # realistic, filtered
-    triple, side_of = np.unique(ranks[:, TRIPLE], return_inverse=True)
-
-    def per_triple(v):  # the sum over each triple's sides
-        return np.bincount(side_of, weights=v, minlength=len(triple))
-    sums = {"mr": per_triple(r), "mrr": per_triple(1 / r)}
-    sums |= {f"hits@{k}": per_triple(r <= k) for k in KS}
-    idx = np.random.default_rng(seed).integers(0, len(triple), size=(n_resamples, len(triple)))
-    sides = per_triple(np.ones(len(r)))[idx].sum(1)
-    out = {m: [float(x) for x in np.percentile(s[idx].sum(1) / sides, [2.5, 97.5])]
-           for m, s in sums.items()}
-    return out | {"resamples": n_resamples, "seed": seed}
 
 
 def random_mrr(lpq, tri, draws=1000, seed=0):
@@ -197,8 +176,7 @@ class Scorer:
         return out
 
     def numpy(self, triples):
-        """The scores as a float32 numpy array: the one place they leave the device (a CUDA tensor
-        has no .numpy())."""
+        """The scores as a float32 numpy array: the one place they leave the device."""
         return self(triples).cpu().numpy()
 
 
@@ -354,15 +332,14 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
 def dev_metric(model, kg, enc, run, device, dtype, near=None):
     """(figure, its log line) of train.py's dev point: accuracy at the threshold tuned on dev itself
     (an upper estimate), or the filtered MRR of the same seeded dev_limit dev triples every epoch,
-    against all entities or a sample; with dev_near, their estimated MR and a signal that orders
-    checkpoints as the MRR does but runs ~2x it, so no MRR (RESULTS.md, FB15k-237)."""
+    against all entities or a sample; with dev_near, an estimated MR and a signal (no MRR)."""
     scorer = Scorer(model, enc, run.prompts, run.max_seq_length, device, dtype)
     if kg.task == "tc":
         scores = scorer.numpy(kg.dev)
         acc = best_threshold(scores, kg.dev_labels)[1]
         chance = chance_accuracy(scores, kg.dev_labels)
         figure = {"metric": "accuracy", "value": acc, "random": chance[0]}
-        return figure, f"accuracy {acc:.4f}" + chance_note(acc, *chance, "accuracy")
+        return figure, f"accuracy {acc:.4f}" + evalcli.chance_note(acc, *chance, "accuracy")
     near = near[:, :run.dev_near] if run.dev_near else None
     m = rank_split(scorer, kg, "dev", run.dev_limit, sample=run.dev_sample, near=near)
     triples = min(run.dev_limit or len(kg.dev), len(kg.dev))
@@ -379,15 +356,7 @@ def dev_metric(model, kg, enc, run, device, dtype, near=None):
     against = f"against {m['candidates']:,} {'sampled ' if sampled else ''}candidates"
     line = (f"mrr {m['mrr']:.4f}, MR {m['mr']:.2f}, Hits@10 {m['hits@10']:.4f} on "
             f"{triples} dev triples {against}")
-    return figure, line + chance_note(m["mrr"], *m["random_mrr"], "MRR")
-
-
-def chance_note(value, mean, sd, what):
-    """The dev line's warning where its metric is within noise (2 sd) of a random scorer's."""
-    if value >= mean + 2 * sd:
-        return ""
-    return (f"; within noise of a random scorer ({what} {mean:.4f} +- {2 * sd:.4f} on these "
-            "triples): nothing learned yet, or text that carries nothing (README, Your own graph)")
+    return figure, line + evalcli.chance_note(m["mrr"], *m["random_mrr"], "MRR")
 
 
 def chance_accuracy(scores, labels, n=20, seed=0):
@@ -406,7 +375,10 @@ def link_prediction(args, scorer, kg, info, state_dir, ddp_rank, world_size):
     ranks, tri, counts, state = bigrank.ranked_rows(args, lpq, kg, info, state_dir, rank_block,
                                                     scorer, ddp_rank, world_size)
     T, estimate = len(lpq.target), len(tri) < len(lpq.target)
-    interval = bootstrap_interval(ranks, seed=args.seed) if estimate else None
+    realistic = (ranks[:, FILTERED_OPTIMISTIC] + ranks[:, FILTERED_PESSIMISTIC]) / 2
+    interval = None
+    if estimate:
+        interval = evalcli.bootstrap_interval(realistic, ranks[:, TRIPLE], KS, seed=args.seed)
     metrics = lp_metrics(ranks) | {"interval95": interval}
     note = f"all {T} {args.split} triples"
     if estimate:
@@ -436,17 +408,7 @@ def triple_classification(args, scorer, kg, ddp_rank, world_size):
     for split in ("dev", "test"):
         said = s[split] > thresholds[getattr(kg, split)[:, 1]]
         right[split] = said == getattr(kg, f"{split}_labels")
-    rel = kg.test[:, 1]
-    table = [dict(relation=kg.rel_text[r], n=int((rel == r).sum()),
-                  error=float(1 - right["test"][rel == r].mean())) for r in np.unique(rel)]
-    relation_thresholds = {kg.relations[r]: evalcli.jsonable(t) for r, t in by_relation.items()}
-    metrics = dict(dev_accuracy=float(right["dev"].mean()),
-                   test_accuracy=float(right["test"].mean()),
-                   threshold=evalcli.jsonable(theta), per_relation_thresholds=args.per_relation,
-                   relation_thresholds=relation_thresholds or None, test_error_by_relation=table,
-                   # each test triple right (1) or wrong (0), in the file's order, as packed bits in
-                   # hex: what bench/paired.py needs to compare two models on the same triples
-                   test_right=np.packbits(right["test"]).tobytes().hex())
+    metrics = evalcli.tc_metrics(kg, right, theta, by_relation, args.per_relation)
     counts = dict(dev=len(kg.dev), test=len(kg.test))
     return dict(task="tc", estimate=False, counts=counts, metrics=metrics), None
 
@@ -555,8 +517,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:  # `| head` took what it wanted: stop quietly, as other tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error on flush
-        sys.exit(1)
+    evalcli.quiet_on_broken_pipe(main)

@@ -32,6 +32,10 @@ class PaltConfig:
     prompt_mlp: bool = False
     # Train the whole LM and none of PALT's parts: the paper's "Finetuning" row (KG-BERT).
     finetune: bool = False
+    # What the NSP head reads: "cls", [CLS]'s last state as BERT's pretrained head does, or "mean",
+    # the mean of the last layer over the real tokens, the state a sentence-embedding model such as
+    # MiniLM was trained to produce (a choice for a model whose NSP head is new).
+    head_input: str = "cls"
 
 
 def default_calib_layers(n_layers):
@@ -63,6 +67,8 @@ class PALT(nn.Module):
         layers = tuple(cfg.calib_layers or ())
         if cfg.calib_layers is None and not cfg.finetune:
             layers = default_calib_layers(n_layers)
+        if cfg.head_input not in ("cls", "mean"):
+            raise ConfigError(f"head_input must be cls or mean, not {cfg.head_input!r}")
         if any(not 0 <= i < n_layers for i in layers):
             raise ConfigError(f"calibration layers {layers} outside 0..{n_layers - 1}")
         self.bert, self.cfg, self.calib_layers = bert, cfg, layers
@@ -101,7 +107,11 @@ class PALT(nn.Module):
             if i in self.calib_layers:
                 h = h + self.W_c[str(i)](h)  # Eq. 2
             h = layer.feed_forward(h)
-        nsp_logits, _ = bert.nsp_head(h)
+        x = h[:, 0]  # [CLS]
+        if self.cfg.head_input == "mean":
+            keep = torch.ones_like(h[..., 0]) if attention_mask is None else attention_mask.to(h)
+            x = (h * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)  # (B, H), real tokens
+        nsp_logits, _ = bert.nsp_head(x)
         return (nsp_logits, weights) if attention else nsp_logits
 
 

@@ -35,11 +35,10 @@ from support.graphs import load_kg
 from support.near import entity_embeddings, nearest_entities
 
 # PRESETS[recipe][data] fills every setting a run leaves open (None: not set); no recipe sets the
-# model (--model, MiniLM by default). paper: the paper's appendix (BERT-base on GPUs; umls and
-# 'own', a graph of one's own: our choice). cpu: ours for MiniLM on a few CPU cores. gpu: the cpu
-# recipe compiled, and on the big graphs the paper's 10 epochs, a dev point every 2,500 steps and
-# their own negatives (self-negatives; FB15k-237 5+5+5, WN18RR hard ones). A big graph's dev ranks
-# are estimated: the dev_near nearest entities scored, dev_sample drawn (RESULTS.md).
+# model (--model, MiniLM by default). paper: the paper's appendix for BERT-base on GPUs (umls and
+# 'own', a graph of one's own: ours). cpu: ours for MiniLM on a few CPU cores. gpu: the cpu recipe
+# compiled; on the big graphs 10 epochs, a dev point every 2,500 steps, self-negatives (FB15k-237
+# 5+5+5, WN18RR hard ones) and estimated dev ranks (the dev_near nearest scored, dev_sample drawn).
 COLUMNS = ("lr", "batch", "prompts", "negatives", "epochs", "dev_limit", "dev_sample", "dev_every",
            "dev_near", "hard_negatives", "compile")
 _ = None  # not set: the flag's default
@@ -267,7 +266,7 @@ def build(run, dtype, device):
     kg = load_kg(run.data, run.data_dir, run.text)  # before the model: a data error costs seconds
     torch.manual_seed(run.seed)
     cfg = PaltConfig(prompts=run.prompts, calib_layers=run.calib, prompt_encoder=not run.no_wp,
-                     prompt_mlp=run.prompt_mlp, finetune=run.finetune)
+                     prompt_mlp=run.prompt_mlp, finetune=run.finetune, head_input=run.head_input)
     model, loaded = build_palt(run.model, cfg)
     flags.check_model(run, model, loaded)
     record = flags.recorded(run)  # paths inside the project relative to it, others absolute

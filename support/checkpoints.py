@@ -104,7 +104,7 @@ def load_checkpoint(path, model=None):
     c = meta["palt"]
     cfg = PaltConfig(prompts=tuple(c["prompts"]), calib_layers=tuple(c["calib_layers"]),
                      prompt_encoder=c["prompt_encoder"], prompt_mlp=c["prompt_mlp"],
-                     finetune=c["finetune"])
+                     finetune=c["finetune"], head_input=c.get("head_input", "cls"))
     palt = PALT(loaded.model, cfg, loaded.heads_to_train)
     expected = {n: tuple(t.shape) for n, t in trainable_state(palt).items()}
     got = {n: tuple(t.shape) for n, t in tensors.items()}

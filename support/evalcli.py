@@ -262,6 +262,55 @@ def jsonable(x):
 
 
 # ----------------------------------------------------------------------------- the report
+def bootstrap_interval(r, triples, ks, n_resamples=1000, seed=0):
+    """95% percentile-bootstrap interval of the MR, MRR, Hits@k (k in ks) of sampled test triples'
+    ranks r (n,) (a triple's two sides in two rows, `triples` naming each row's triple), resampled
+    with replacement, both sides of a triple together -> {"mr": [lo, hi], ..., "seed"}."""
+    triple, side_of = np.unique(triples, return_inverse=True)
+
+    def per_triple(v):  # the sum over each triple's sides
+        return np.bincount(side_of, weights=v, minlength=len(triple))
+    sums = {"mr": per_triple(r), "mrr": per_triple(1 / r)}
+    sums |= {f"hits@{k}": per_triple(r <= k) for k in ks}
+    idx = np.random.default_rng(seed).integers(0, len(triple), size=(n_resamples, len(triple)))
+    sides = per_triple(np.ones(len(r)))[idx].sum(1)
+    out = {m: [float(x) for x in np.percentile(s[idx].sum(1) / sides, [2.5, 97.5])]
+           for m, s in sums.items()}
+    return out | {"resamples": n_resamples, "seed": seed}
+
+
+def chance_note(value, mean, sd, what):
+    """The dev line's warning where its metric is within noise (2 sd) of a random scorer's."""
+    if value >= mean + 2 * sd:
+        return ""
+    return (f"; within noise of a random scorer ({what} {mean:.4f} +- {2 * sd:.4f} on these "
+            "triples): nothing learned yet, or text that carries nothing (README, Your own graph)")
+
+
+def tc_metrics(kg, right, theta, by_relation, per_relation):
+    """Triple classification's metrics for the results JSON: dev and test accuracy, the
+    thresholds, the test error by relation, and each test triple right (1) or wrong (0), in the
+    file's order, as packed bits in hex (bench/paired.py compares two models on the same triples
+    with them)."""
+    rel = kg.test[:, 1]
+    table = [dict(relation=kg.rel_text[r], n=int((rel == r).sum()),
+                  error=float(1 - right["test"][rel == r].mean())) for r in np.unique(rel)]
+    relation_thresholds = {kg.relations[r]: jsonable(t) for r, t in by_relation.items()}
+    return dict(dev_accuracy=float(right["dev"].mean()), test_accuracy=float(right["test"].mean()),
+                threshold=jsonable(theta), per_relation_thresholds=per_relation,
+                relation_thresholds=relation_thresholds or None, test_error_by_relation=table,
+                test_right=np.packbits(right["test"]).tobytes().hex())
+
+
+def quiet_on_broken_pipe(main):
+    """main(), ending quietly where `| head` took what it wanted, as other tools do."""
+    try:
+        main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error on flush
+        sys.exit(1)
+
+
 def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_size):
     """Prints the metrics and writes the results JSON (its command, data, model, metrics, how the
     checkpoint was trained, the settings); a full ranking's state is removed once written."""

@@ -84,6 +84,9 @@ class Run:
     no_wp: bool = setting(False, "ablation: no prompt encoder W_p")
     prompt_mlp: bool = setting(False, "re-parametrise the prompts through an MLP")
     finetune: bool = setting(False, "train the whole LM, no PALT parts (KG-BERT's row)")
+    head_input: str = setting("cls", "what the NSP head reads: [CLS], or the mean of the last "
+                              "layer (the state MiniLM was trained to produce; a new NSP head)",
+                              choices=("cls", "mean"))
     dtype: str = setting("auto", "autocast: auto = bf16 on a GPU, and on a CPU with native bf16 "
                          "where it times faster (once, cached), else fp32", choices=DTYPES)
     compile: bool | None = setting(help="torch.compile the step (recipe gpu does; on CPU it needs "

@@ -84,6 +84,7 @@ SPACE = [  # name, kind, palt, finetune
     ("calib",     "choice", ("middle,last", "last", "none"),  None),
     ("adam_beta2", "choice", (0.999, 0.98),                   (0.999, 0.98)),
     ("adam_eps",  "choice", (1e-8, 1e-6),                     (1e-8, 1e-6)),
+    ("head_input", "choice", ("cls", "mean"),                 ("cls", "mean")),
 ]
 METHODS = ("palt", "finetune")  # SPACE's last two columns
 # what a method sets beside its space (flags.parse_args gives --finetune no prompts, calib or W_p)

@@ -46,6 +46,27 @@ def test_zero_init_palt_without_prompts_is_exactly_bert(base):
         assert not torch.allclose(palt(**x), ref)
 
 
+def test_a_head_that_reads_the_mean_reads_the_last_layers_mean_over_the_real_tokens(base):
+    """head_input='mean': the NSP head reads the mean of the last layer's states over the tokens the mask keeps (the
+    state MiniLM was trained to produce), not [CLS]'s; padding does not move it; anything else is refused."""
+    loaded = load_bert(base)
+    palt = PALT(loaded.model, PaltConfig(prompts=(0, 0, 0), head_input="mean")).eval()
+    x = batch()
+    with torch.no_grad():
+        out = loaded.model(x["input_ids"], x["token_type_ids"], x["attention_mask"], output_hidden_states=True)
+        h, keep = out.hidden_states[-1], x["attention_mask"].float()
+        mean = (h * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)
+        torch.testing.assert_close(palt(**x), loaded.model.nsp_head(mean)[0], atol=1e-6, rtol=0)
+        assert not torch.allclose(palt(**x), out.nsp_logits)  # [CLS]'s head reads something else
+        real = x["attention_mask"][1].bool()  # the padded row alone, its padding cut: the same score
+        alone = {k: v[1:2, real] for k, v in x.items()}
+        torch.testing.assert_close(palt(**alone), palt(**x)[1:2], atol=1e-5, rtol=0)
+        unmasked = dict(x, attention_mask=None)  # the Scorer leaves out the mask where no row is padded
+        torch.testing.assert_close(palt(**unmasked)[[0, 2]], palt(**x)[[0, 2]], atol=1e-6, rtol=0)
+    with pytest.raises(ConfigError, match="head_input must be cls or mean, not 'max'"):
+        PALT(loaded.model, PaltConfig(head_input="max"))
+
+
 def test_prompts_are_inserted_at_their_slots(base):
     """Prompt vectors equal to some tokens' embeddings must give BERT's output on those tokens."""
     loaded = load_bert(base)

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import data, evaluate, train
-from support import checkpoints, devices, flags, graphs, runlog
+from support import checkpoints, devices, evalcli, flags, graphs, runlog
 from support.files import OutputError
 from support.flags import FlagError
 from support.hub import load_bert
@@ -387,8 +387,8 @@ def test_a_dev_point_within_noise_of_a_random_scorer_says_so(setup, tmp_path):
     assert dev["value"] < mean and dev["random"] == pytest.approx(mean)
     assert line.endswith(f"; within noise of a random scorer (MRR {mean:.4f} +- {2 * sd:.4f} on these triples): "
                          "nothing learned yet, or text that carries nothing (README, Your own graph)")
-    assert evaluate.chance_note(mean + 2.5 * sd, mean, sd, "MRR") == ""  # beyond 2 sd: no note
-    assert evaluate.chance_note(mean + 1.5 * sd, mean, sd, "MRR").startswith("; within noise")
+    assert evalcli.chance_note(mean + 2.5 * sd, mean, sd, "MRR") == ""  # beyond 2 sd: no note
+    assert evalcli.chance_note(mean + 1.5 * sd, mean, sd, "MRR").startswith("; within noise")
 
 
 # ----------------------------------------------------------------------------- one run a folder

@@ -174,7 +174,7 @@ def test_a_trial_behind_the_median_at_its_first_dev_point_is_pruned_there(bert_d
 
 @pytest.mark.parametrize("space, extra, said", [
     ("momentum=0.9:0.99", [], "--space momentum: unknown parameter (the search knows lr, head_lr, batch, negatives, "
-                              "epochs, warmup, prompts, calib, adam_beta2, adam_eps)"),
+                              "epochs, warmup, prompts, calib, adam_beta2, adam_eps, head_input)"),
     ("lr=1e-3:1e-4", [], "--space lr=1e-3:1e-4: an empty range (0.001 > 0.0001)"),
     ("epochs=4:3", [], "--space epochs=4:3: an empty range (4 > 3)"),
     ("epochs=", [], "--space epochs=: no values (give low:high, a value, or choices a|b)"),
