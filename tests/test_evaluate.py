@@ -813,7 +813,7 @@ def test_a_failed_save_keeps_the_previous_file_and_says_where_to_resume(lp_root,
         return real_replace(src, dst)
     capsys.readouterr()
     with monkeypatch.context() as m:
-        m.setattr(evaluate.os, "replace", json_disk_full)
+        m.setattr(os, "replace", json_disk_full)
         one_line_error(common, f"cannot write {re.escape(str(out))} .*the previous file is kept, and the ranks stay "
                                f"saved in {re.escape(str(f.parent))}")
     assert "filtered, realistic ranks" in capsys.readouterr().out  # the metrics were shown all the same

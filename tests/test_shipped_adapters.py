@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import bert, data, evaluate
+import data, evaluate
 from support import bigrank, checkpoints, devices, evalcli, files, graphs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_a_big_graph_adapter_is_the_one_its_growable_estimate_ranked(name):
     _, meta, _, kg, result = shipped(name)
     folder = ROOT / "results" / f"palt-{name}-minilm.state"
     settings = json.loads((folder / "settings.json").read_text())
-    assert settings["checkpoint_sha256"] == bert.sha256_file(ADAPTERS[name])
+    assert settings["checkpoint_sha256"] == files.sha256_file(ADAPTERS[name])
     assert settings["data_fingerprint"] == kg.fingerprint and settings["candidates"] == "split"
     c = result["counts"]
     assert result["estimate"] and c["candidates"] == len(kg.split_entities) and c["test_triples"] == len(kg.test)
