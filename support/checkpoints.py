@@ -13,7 +13,7 @@ from safetensors.torch import save
 from bert import CheckpointError
 from support import files
 from support.files import OutputError, check_writable, in_project, readable, write_atomic
-from support.flags import FlagError, Run
+from support.flags import FALLBACKS, FlagError, Run
 from support.hub import load_bert
 from palt import PALT, PaltConfig
 
@@ -181,7 +181,7 @@ def check_resumable(saved, meta, state):
     settings, base weights, data files and resolved precision."""
     old, new = json.loads(saved["run"]), json.loads(meta["run"])
     # A setting added since the state was saved held its default then.
-    defaults = {f.name: f.default for f in fields(Run)}
+    defaults = {f.name: f.default for f in fields(Run)} | FALLBACKS
     pairs = {k: (old.get(k, defaults.get(k)), new[k]) for k in new if k not in RESUME_MAY_CHANGE}
     for k in ("weights_sha256", "data_fingerprint", "dtype"):
         if k in meta:

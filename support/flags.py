@@ -20,6 +20,8 @@ class FlagError(ValueError):
     """A flag, or a combination of flags, that cannot work; the message is one line naming it."""
 
 
+# The settings that a recipe may set and otherwise take these values.
+FALLBACKS = {"hard_negatives": 0.0, "warmup": 0.1, "adam_beta2": 0.999, "adam_eps": 1e-8}
 # --hard-negatives draw from each entity's NEAR nearest entities; --dev-near takes the first
 NEAR = 32
 
@@ -109,11 +111,13 @@ class Run:
                                            "replaced one's nearest (default: the recipe's, else 0)",
                                            low=(0, True), high=(1, "a share of the entity "
                                                                 "corruptions"))
-    warmup: float = setting(0.1, "linear warm-up, a fraction of the steps", low=(0, True),
-                            high=(1, "a fraction of the steps"))
+    warmup: float | None = setting(None, "linear warm-up, a fraction of the steps (default 0.1)",
+                                   low=(0, True), high=(1, "a fraction of the steps"))
     weight_decay: float = setting(0.01, "AdamW's, on matrices only", low=(0, True))
-    adam_beta2: float = setting(0.999, "AdamW's beta2 (the authors' scripts: 0.98)", low=(0, True))
-    adam_eps: float = setting(1e-8, "AdamW's epsilon (the authors' scripts: 1e-6)", low=(0, False))
+    adam_beta2: float | None = setting(None, "AdamW's beta2 (default 0.999; the authors' scripts "
+                                       "0.98)", low=(0, True))
+    adam_eps: float | None = setting(None, "AdamW's epsilon (default 1e-8; the authors' scripts "
+                                     "1e-6)", low=(0, False))
     grad_clip: float = setting(1.0, "gradient norm clipping", low=(0, False))
     seed: int = setting(42, "order, negatives, a random NSP head and dropout", low=(0, True))
     log_every: int = setting(20, "steps between log lines", low=(1, True))
@@ -177,7 +181,9 @@ def parse_args(argv, presets, description):
     for k, v in presets[run.recipe][run.data if run.data in DATASETS else "own"].items():
         if getattr(run, k) is None:
             setattr(run, k, v)
-    run.hard_negatives = run.hard_negatives or 0.0  # a recipe without them: none
+    for k, v in FALLBACKS.items():  # what neither the command line nor the recipe set
+        if getattr(run, k) is None:
+            setattr(run, k, v)
     check_run(ap, run)
     if run.finetune:  # the paper's Finetuning row: the recipe's prompts, calibration and W_p off
         run.prompts, run.calib, run.no_wp = (0, 0, 0), (), True

@@ -1,5 +1,7 @@
 """Each entity's nearest entities by the frozen encoder's text embeddings: the hard negatives
 (--hard-negatives), the dev MRR estimate (--dev-near) and --predict's shortlist draw from them."""
+import time
+
 import numpy as np
 import torch
 
@@ -52,4 +54,14 @@ def nearest_entities(kg, emb, k=32):
         near[S[s:s + 1024]] = S[top[:, np.arange(k) % top.shape[1]]]
         progress.update(len(sim))
     progress.end()
+    return near
+
+
+def nearest_of_each(model, kg, enc, device, dtype, n, print0):
+    """(E, n) train.py's nearest entities of each entity by the frozen encoder (hard negatives, the
+    dev estimate), and a line saying how long they took."""
+    t = time.time()
+    emb = entity_embeddings(model.bert, kg.split_entities, enc, device, dtype)
+    near = nearest_entities(kg, emb, n)
+    print0(f"nearest {n} entities of each entity by the frozen encoder: {time.time() - t:.0f} s")
     return near

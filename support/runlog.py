@@ -93,3 +93,16 @@ def on_signal(signum, frame):
     """SIGINT (Ctrl-C) or SIGTERM: the run ends after the step under way (under torchrun, after the
     next logged step, where the processes agree)."""
     STOP.append(signal.Signals(signum).name)
+
+
+def finished(history, out, dtype):
+    """The line a finished run ends with: its steps and minutes, and where its weights are."""
+    best = ""
+    if history["best_epoch"]:
+        best = f", best by dev {out}/best.safetensors (epoch {history['best_epoch']})"
+    ckpt = out / "ckpt.safetensors"  # a run copied back without it: state has the same weights
+    weights = f"{out}/state.safetensors"
+    if ckpt.exists():
+        weights = f"{ckpt} ({ckpt.stat().st_size / 2**20:.1f} MiB)"
+    return (f"trained {history['step']} steps in {history['train_wall_s'] / 60:.1f} min "
+            f"({dtype}); last {weights}{best}")
