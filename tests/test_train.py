@@ -460,13 +460,15 @@ def test_a_lock_left_by_a_killed_run_does_not_block_its_resume(setup, tmp_path):
 def test_adamw_takes_the_authors_betas_and_eps_and_an_older_state_resumes_under_the_defaults(setup, tmp_path):
     """--adam-beta2 and --adam-eps reach the optimizer; a resume state saved before a setting existed held its default,
     so it resumes; a changed setting is refused."""
-    run = train.parse_args(args(setup, tmp_path, "--adam-beta2", "0.98", "--adam-eps", "1e-6", "--max-steps", "1"))
+    run = train.parse_args(args(setup, tmp_path, "--adam-beta2", "0.98", "--adam-eps", "1e-6", "--max-steps", "1",
+                                "--recipe", "cpu"))
     model, kg, enc, meta, params, opt = train.build(run, "fp32", torch.device("cpu"))
     assert opt.param_groups[0]["betas"] == (0.9, 0.98) and opt.param_groups[0]["eps"] == 1e-6
-    now = train.parse_args(args(setup, tmp_path, "--max-steps", "1"))
+    now = train.parse_args(args(setup, tmp_path, "--max-steps", "1", "--recipe", "cpu"))  # no recipe sets AdamW's
     record = flags.recorded(now)
     old = {k: v for k, v in record.items() if k not in ("adam_beta2", "adam_eps", "either_side")}
     checkpoints.check_resumable({"run": json.dumps(old)}, {"run": json.dumps(record)}, tmp_path / "state.safetensors")
+    assert train.parse_args(args(setup, tmp_path)).adam_beta2 == 0.98  # --recipe paper: the authors' scripts'
     with pytest.raises(FlagError, match="was trained with adam_beta2 0.999, not 0.98"):
         checkpoints.check_resumable({"run": json.dumps(old)}, {"run": json.dumps(flags.recorded(run))}, tmp_path / "s")
     with pytest.raises(SystemExit):
