@@ -140,7 +140,9 @@ class Shortlist:
             return best
         t = time.time()
         what = f"anchor ({self.kg.entities[a]}, {self.kg.relations[r]}, side {side})"
-        # every candidate scored: minutes on a big graph, said once a minute
+        # Every candidate is scored: minutes on a big graph, said now and then once a minute.
+        print(f"the shortlist's {what}: scoring all {len(self.cand):,} candidates once (cached in "
+              f"{self.folder})", file=sys.stderr, flush=True)
         progress = Progress(len(self.cand), f"candidates scored for the {what}")
         s = np.concatenate(scored_pieces(self.scorer.numpy, query_triples(a, r, side, self.cand),
                                          progress))
