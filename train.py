@@ -129,11 +129,10 @@ def train_step(forward, opt, params, batch, n_pos, lr, grad_clip, dtype, device)
 
 def train(tr, total_steps):
     """The training loop, up to step `total_steps`; False if a signal stopped it (saved, to
-    resume).
-    Each epoch draws its negatives and orders its steps; each step sets the lr, takes one optimizer
-    step, logs, makes a dev point and saves every --dev-every steps, and stops on a signal; each
-    epoch ends with a dev point, best.safetensors if better, ckpt.safetensors and the resume
-    state."""
+    resume). Each epoch draws its negatives and orders its steps; each step sets the lr, takes one
+    optimizer step, logs, makes a dev point and saves every --dev-every steps, and stops on a
+    signal; each epoch ends with a dev point, best.safetensors if better, ckpt.safetensors and the
+    resume state."""
     run, history, kg = tr.run, tr.history, tr.kg
     warm = max(1, int(run.warmup * total_steps))  # learning_rate's warm-up steps
     # history["epoch"] and ["step"] count the epochs and steps done; the loops' indices are 0-based
