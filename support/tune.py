@@ -426,8 +426,9 @@ def die_with(parent, prctl):
 
 
 def start(argv, output):
-    """train.py in a process group of its own (setsid): Ctrl-C in the search's terminal reaches the search alone, which
-    lets train.py save first; and killed by the kernel if the search dies (Linux)."""
+    """train.py in a process group of its own (setsid): Ctrl-C in the search's terminal reaches the
+    search alone, which lets train.py save first; and killed by the kernel if the search dies
+    (Linux)."""
     prctl = None
     if sys.platform.startswith("linux"):
         prctl = ctypes.CDLL(None, use_errno=True).prctl
