@@ -88,6 +88,10 @@ def pytest_configure(config):
     # The precision verdict and the shortlist's parts are cached per machine: the tests keep theirs in a folder of
     # their own, never in the user's ~/.cache/palt (subprocesses inherit it).
     os.environ["PALT_CACHE"] = tempfile.mkdtemp(prefix="palt-test-cache-")
+    # A relative $PALT_DATA (CI sets ../shared/data) names a folder from where pytest started; the tests that run a
+    # command from another folder hand it on, so it is made absolute once, here.
+    if os.environ.get("PALT_DATA"):
+        os.environ["PALT_DATA"] = os.path.abspath(os.environ["PALT_DATA"])
     choice = config.getoption("--device")
     if choice == "cpu":  # before anything asks CUDA: train.py and evaluate.py (and their subprocesses) see no GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
