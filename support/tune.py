@@ -7,6 +7,7 @@ point resumes with the same command.
     python -m support.tune ... --space 'lr=1e-4:1e-3,epochs=2:4,negatives=1,1,1|5,5,5'
     python -m support.tune ... -- --text long  (flags after -- go to every trial's train.py)
     python -m support.tune ... --join  (one more worker on the same --out: another core or machine)
+    python -m support.tune --report --out runs/tune-umls-palt  (top trials, importances: markdown)
 
 SPACE (in this file) is what is searched, one row a train.py flag: a range (log: on a log scale)
 or choices, for each method (palt; finetune: the whole LM, train.py --finetune). --space narrows or
@@ -57,7 +58,7 @@ except ImportError:  # an optional extra: main says how to install it
 import plot
 import train
 from evaluate import ERRORS
-from support import files, flags, hub
+from support import devices, files, flags, hub
 
 NO_OPTUNA = "support.tune needs optuna: pip install optuna"
 TRAIN = files.ROOT / "train.py"
@@ -479,6 +480,8 @@ def run_trial(trial, before, settings, args, folder):
             for f in (*folder.glob("*.safetensors"), folder / "log.txt"):
                 f.unlink(missing_ok=True)
     t0 = time.time()
+    machines = before.user_attrs.get("machines", []) if before is not None else []
+    trial.set_user_attr("machines", [*machines, machine()])  # a resumed trial: one each segment
     with open(folder / "train.out", "ab") as output:
         child = start(argv, output)
     try:
@@ -513,6 +516,11 @@ def run_trial(trial, before, settings, args, folder):
         return TrialState.FAIL, None, steps, notes(note, "no dev point at an epoch's end (a graph "
                                                   "without a dev split cannot be searched)")
     return TrialState.COMPLETE, max(ends), steps, note
+
+
+def machine():
+    """This machine's CPU and core count, as a trial records where it trained."""
+    return f"{devices.cpu_info()[0]}, {os.cpu_count()} cores"
 
 
 def notes(*parts):
@@ -636,6 +644,49 @@ def summary(study, args, out):
           flush=True)
 
 
+def report(out, top=5):
+    """A finished or running search, as markdown for a results document: its counts and wall
+    time, the machines it ran on, the `top` trials by dev figure, and which parameters mattered
+    (Optuna's fANOVA importances over the complete trials, seeded)."""
+    if not (out / "study.db").is_file():
+        raise TuneError(f"--report: {out} holds no study.db")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{(out / 'study.db').resolve()}")
+    study = optuna.load_study(study_name="tune", storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    counts = {s: 0 for s in STATES.values()}
+    for t in trials:
+        counts[STATES[t.state.name]] += 1
+    hours = sum(t.user_attrs.get("wall_s", 0) for t in trials) / 3600
+    machines = sorted({m for t in trials for m in t.user_attrs.get("machines", [])})
+    lines = [f"{out}: {len(trials)} trials "
+             f"({', '.join(f'{n} {s}' for s, n in counts.items() if n)}), "
+             f"{hours:.1f} h of trials on {'; '.join(machines) or 'machines not recorded'}", ""]
+    complete = sorted((t for t in trials if t.state == optuna.trial.TrialState.COMPLETE),
+                      key=lambda t: t.value, reverse=True)
+    if not complete:
+        return "\n".join([*lines, "no trial is complete yet"]) + "\n"
+    metric = complete[0].user_attrs.get("metric", "dev")
+    names = [row[0] for row in SPACE if row[0] in complete[0].params]
+    lines.append("| trial | dev " + metric + " | " + " | ".join(names) + " | dev by epoch | s |")
+    lines.append("|" + "---|" * (len(names) + 4))
+    for t in complete[:top]:
+        r = row_of(t)
+        cells = [r["number"], r["value"], *(r["settings"][n] for n in names), r["dev"],
+                 r["wall_s"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    if len(complete) < 2:
+        return "\n".join([*lines, "importances need at least 2 complete trials"]) + "\n"
+    try:
+        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+        importances = optuna.importance.get_param_importances(study, evaluator=evaluator)
+    except ImportError:  # Optuna's fANOVA stands on scikit-learn, an optional extra
+        return "\n".join([*lines, "importances need scikit-learn: pip install scikit-learn"]) + "\n"
+    said = ", ".join(f"{name} {value:.2f}" for name, value in importances.items())
+    lines.append(f"importances (fANOVA over {len(complete)} complete trials): {said}")
+    return "\n".join(lines) + "\n"
+
+
 def whole(text, least=1):
     """An argparse type: an integer of at least `least`."""
     try:
@@ -658,7 +709,8 @@ def parse_args(argv=None):
                                  description=" ".join(__doc__.split("\n\n")[0].split()),
                                  epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, help="a benchmark, or a folder with train.tsv")
+    ap.add_argument("--data", help="a benchmark, or a folder with train.tsv (required but for "
+                    "--report)")
     ap.add_argument("--method", choices=METHODS, default="palt",
                     help="palt (its space), or finetune (the whole LM, train.py --finetune)")
     ap.add_argument("--trials", type=whole, default=40, help="trials in the study, all workers "
@@ -680,7 +732,15 @@ def parse_args(argv=None):
                     help="median: trials that finish before any is pruned (default 5)")
     ap.add_argument("--join", action="store_true",
                     help="work on the study of a search running in --out, beside it")
+    ap.add_argument("--report", action="store_true",
+                    help="train nothing: print --out's search as markdown (its top trials and "
+                    "Optuna's parameter importances)")
+    ap.add_argument("--top", type=whole, default=5, help="--report: trials shown (default 5)")
     args = ap.parse_args(argv)
+    if args.report and not args.out:
+        ap.error("--report needs --out, the search's folder")
+    if not args.report and not args.data:
+        ap.error("the following arguments are required: --data")
     args.train_args = extra
     return args
 
@@ -692,6 +752,9 @@ def main(argv=None):
         raise SystemExit(NO_OPTUNA)
     args = parse_args(argv)
     try:
+        if args.report:
+            print(report(Path(args.out), args.top), end="", flush=True)
+            return 0
         search(args)
     except Stopped as e:
         print(f"stopped ({e}): the same command resumes the search", flush=True)

@@ -153,6 +153,34 @@ def test_a_killed_search_resumes_with_the_same_command_and_keeps_its_finished_tr
     assert "trial 0 " not in r["stdout"]
 
 
+def test_the_report_shows_the_top_trials_the_importances_and_where_they_ran(killed_and_resumed):
+    """--report, on the killed and resumed search: markdown rows of the top trials by dev figure, best first, fANOVA
+    importances of the searched parameters, the trials' hours and the machine each segment ran on; it trains nothing."""
+    out = killed_and_resumed["out"]
+    rows = sorted(table(out), key=lambda row: float(row["value"]), reverse=True)
+    before = sorted(p.name for p in out.rglob("*"))
+    status, stdout, stderr = main(["--report", "--out", str(out), "--top", "2"])
+    assert status == 0 and stderr == "", stderr
+    lines = stdout.splitlines()
+    cores = f"{os.cpu_count()} cores"
+    assert re.fullmatch(rf"{re.escape(str(out))}: 3 trials \(3 complete\), \d+\.\d h of trials on .*{cores}", lines[0])
+    header = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert header[:2] == ["trial", "dev mrr"] and header[-2:] == ["dev by epoch", "s"] and "lr" in header
+    shown = [[c.strip() for c in line.strip("|").split("|")] for line in lines[4:6]]
+    assert [(r[0], r[1]) for r in shown] == [(row["number"], row["value"]) for row in rows[:2]]
+    assert lines[6] == "" and lines[7].startswith("importances (fANOVA over 3 complete trials): ")
+    assert {part.rsplit(" ", 1)[0] for part in lines[7].split(": ", 1)[1].split(", ")} <= set(header[2:-2])
+    assert sorted(p.name for p in out.rglob("*")) == before
+    # a resumed trial ran twice: both segments name their machine
+    assert len(study_of(out).get_trials()[1].user_attrs["machines"]) == 2
+
+
+def test_a_report_of_a_folder_without_a_study_is_one_line(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["--report", "--out", str(tmp_path)])
+    assert e.value.code == f"error: --report: {tmp_path} holds no study.db"
+
+
 def test_a_trial_behind_the_median_at_its_first_dev_point_is_pruned_there(bert_dir, tmp_path, monkeypatch):
     """--pruner median --startup-trials 1: once one trial has finished, a trial whose first dev figure is below the
     finished one's at the same epoch ends there. An lr of 1e-7 leaves the tiny BERT as it starts; 1e-2 wrecks it."""
