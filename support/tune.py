@@ -8,6 +8,7 @@ point resumes with the same command.
     python -m support.tune ... -- --text long  (flags after -- go to every trial's train.py)
     python -m support.tune ... --join  (one more worker on the same --out: another core or machine)
     python -m support.tune --report --out runs/tune-umls-palt  (top trials, importances: markdown)
+    python -m support.tune --data wn11 --positives 25600 ...  (trials of 25,600 positives each)
 
 SPACE (in this file) is what is searched, one row a train.py flag: a range (log: on a log scale)
 or choices, for each method (palt; finetune: the whole LM, train.py --finetune). --space narrows or
@@ -59,6 +60,7 @@ import plot
 import train
 from evaluate import ERRORS
 from support import devices, files, flags, hub
+from support.graphs import load_kg
 
 NO_OPTUNA = "support.tune needs optuna: pip install optuna"
 TRAIN = files.ROOT / "train.py"
@@ -215,9 +217,10 @@ def layer_count(model):
         raise TuneError(f"--model {model}: cannot read its layer count ({e})") from None
 
 
-def search_space(method, space_texts, max_epochs, model):
+def search_space(method, space_texts, max_epochs, model, positives=None):
     """The method's Params: SPACE's column, --max-epochs, then --space's items (refused in one
-    line: an unknown parameter, one the method does not search, an empty range)."""
+    line: an unknown parameter, one the method does not search, an empty range); under
+    --positives no epochs (the budget sets each trial's length)."""
     column = 2 + METHODS.index(method)
     rows = {row[0]: row for row in SPACE}
     given = {}
@@ -229,10 +232,12 @@ def search_space(method, space_texts, max_epochs, model):
                             f"{', '.join(rows)})")
         if rows[name][column] is None:
             raise TuneError(f"--space {name}: --method {method} does not search it")
+        if name == "epochs" and positives:
+            raise TuneError(f"--space epochs: --positives {positives} sets each trial's length")
     params = []
     for name, kind, *columns in SPACE:
         values = columns[column - 2]
-        if values is None:
+        if values is None or (name == "epochs" and positives):
             continue
         if name == "epochs" and max_epochs:
             values = (min(values[0], max_epochs), max_epochs)
@@ -245,9 +250,10 @@ def search_space(method, space_texts, max_epochs, model):
 
 
 # ----------------------------------------------------------------------------- train.py's lines
-def train_argv(args, settings, out):
+def train_argv(args, settings, out, budget=True):
     """train.py's flags for one trial: the search's fixed flags, the method's, the trial's
-    settings {name: value}, the flags after --, the seed and the run folder."""
+    settings {name: value}, the flags after --, the seed and the run folder; then (budget) the
+    trial's length under --positives (budget_flags)."""
     argv = ["--data", args.data, "--model", args.model]
     for name in ("recipe", "data_dir", "dev_limit"):
         if getattr(args, name) is not None:
@@ -255,7 +261,21 @@ def train_argv(args, settings, out):
     argv += METHOD_FLAGS[args.method]
     for name, value in settings.items():
         argv += [flags.flag(name), *shlex.split(flag_text(value))]  # EITHER: two flags
-    return argv + args.train_args + ["--seed", str(args.seed), "--out", str(out)]
+    argv += args.train_args + ["--seed", str(args.seed), "--out", str(out)]
+    if budget and args.positives:
+        argv += budget_flags(args.positives, parse_train(argv).batch, args.n_train)
+    return argv
+
+
+def budget_flags(positives, batch, n_train):
+    """--positives N as train.py's flags, alike for every batch size: the steps that see N
+    positives (the lr schedule ends there), the epochs that hold them, and a dev point after each
+    quarter of the steps and at the end (on a big graph, at the same fractions of an epoch whatever
+    the batch: Optuna's steps meet there)."""
+    steps = -(-positives // batch)
+    epochs = -(-steps // max(1, n_train // batch))
+    return ["--epochs", str(epochs), "--max-steps", str(steps),
+            "--dev-every", str(max(1, steps // 4))]
 
 
 def parse_train(argv):
@@ -290,6 +310,8 @@ def check_train_args(args, params):
     searched = {p.name for p in params}
     for word in args.train_args:
         name = word[2:].split("=")[0].replace("-", "_") if word.startswith("--") else ""
+        if args.positives and name in ("epochs", "max_steps", "dev_every"):
+            raise TuneError(f"flags after --: {word} is set by --positives {args.positives}")
         if name in searched:
             raise TuneError(f"flags after --: {word} is searched (--space {name}=... fixes or "
                             "narrows it)")
@@ -343,9 +365,12 @@ def mutex(out):
 def search_record(args, out):
     """What makes two searches one study: train.py's settings that are not searched (data,
     model, method, seed, recipe, the flags after --), as the trials' checkpoints record them."""
-    record = flags.recorded(parse_train(train_argv(args, {}, out)))
+    record = flags.recorded(parse_train(train_argv(args, {}, out, budget=False)))
     skip = {row[0] for row in SPACE} | {"out", "resume"}
-    return json.loads(json.dumps({k: v for k, v in record.items() if k not in skip}))
+    record = {k: v for k, v in record.items() if k not in skip}
+    if args.positives:
+        record["positives"] = args.positives
+    return json.loads(json.dumps(record))
 
 
 def open_study(out, args, params):
@@ -588,7 +613,10 @@ def search(args):
     """Run trials until the study has --trials of them, one after another; then the summary and
     the best trial's train.py line."""
     out = Path(args.out or f"runs/tune-{Path(args.data).name.lower()}-{args.method}")
-    params = search_space(args.method, args.space, args.max_epochs, args.model)
+    params = search_space(args.method, args.space, args.max_epochs, args.model, args.positives)
+    args.n_train = 0
+    if args.positives:
+        args.n_train = len(load_kg(args.data, args.data_dir).train)
     check_train_args(args, params)
     check_with_train(args, params, out)
     files.check_writable(out, f"--out {out}")
@@ -724,6 +752,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-epochs", type=whole, help="the epochs range's top, either method "
                     "(default SPACE's)")
     ap.add_argument("--dev-limit", type=whole, help="train.py's --dev-limit for every trial")
+    ap.add_argument("--positives", type=whole, help="each trial trains on this many positive "
+                    "triples, whatever its batch, with a dev point each quarter (a big graph's "
+                    "trials shorter than an epoch); epochs are then not searched")
     ap.add_argument("--space", action="append", default=[],
                     help="name=low:high, name=value or name=a|b|c, comma-separated")
     ap.add_argument("--pruner", choices=("median", "halving", "none"), default="median",

@@ -212,12 +212,37 @@ def test_a_trial_behind_the_median_at_its_first_dev_point_is_pruned_there(bert_d
     ("negatives=0,0,0", [], "train.py refuses the trials' flags: --negatives 0,0,0 leaves no false triples to learn "
                             "from: give at least one corruption per positive"),
     ("lr=1e-4", ["--", "--lr", "1e-3"], "flags after --: --lr is searched (--space lr=... fixes or narrows it)"),
+    ("epochs=2", ["--positives", "64"], "--space epochs: --positives 64 sets each trial's length"),
+    ("lr=1e-4", ["--positives", "64", "--", "--max-steps", "3"], "flags after --: --max-steps is set by --positives 64"),
 ])
 def test_a_bad_space_is_refused_in_one_line_before_anything_is_written(bert_dir, tmp_path, space, extra, said):
     with pytest.raises(SystemExit) as e:
         tune.main(["--data", EXAMPLE, "--model", str(bert_dir), "--out", str(tmp_path / "s"), "--space", space, *extra])
     assert e.value.code == f"error: {said}"
     assert not (tmp_path / "s").exists()
+
+
+def test_a_budget_in_positives_gives_each_batch_size_the_same_triples_and_dev_points_at_its_quarters(bert_dir, tmp_path,
+                                                                                               monkeypatch):
+    """--positives 128 on 94 train triples: batch 32 trains 4 steps (2 an epoch), batch 16 8 steps (5 an epoch), both
+    128 positives, each with a dev point after each quarter of its steps and at each epoch's end; epochs are not
+    searched. (On a big graph the quarters fall at the same fractions of an epoch whatever the batch; here the epochs
+    of 94 triples hold 64 and 80 positives.)"""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    seen = {}
+    for batch in (32, 16):
+        out = tmp_path / str(batch)
+        argv = command(bert_dir, out, "--positives", "128", space=f"batch={batch},negatives=1,1,1", trials=1)
+        argv.remove("--max-epochs")
+        argv.remove("1")
+        status, stdout, stderr = main(argv)
+        assert status == 0, stderr
+        (row,) = table(out)
+        assert row["state"] == "complete" and "epochs" not in row and row["steps"] == str(128 // batch)
+        seen[batch] = [point.split(":")[0] for point in row["dev"].split()]
+        line = (out / "best.txt").read_text()
+        assert f"--epochs 2 --max-steps {128 // batch}" in line and f"--dev-every {128 // batch // 4}" in line
+    assert seen == {32: ["0.5", "1", "1.5", "2"], 16: ["0.4", "0.8", "1", "1.2", "2"]}, seen  # steps 2,4,6 (+5,8) of 16
 
 
 def test_a_folder_in_use_is_refused_but_joined_with_join_and_another_search_is_refused(killed_and_resumed):
