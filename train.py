@@ -132,12 +132,12 @@ def train(tr, total_steps):
     resume). Each epoch draws its negatives and orders its steps; each step sets the lr, takes one
     optimizer step, logs, makes a dev point and saves every --dev-every steps, and stops on a
     signal; each epoch ends with a dev point, best.safetensors if better, ckpt.safetensors and the
-    resume state."""
+    resume state. --patience ends the run at an epoch's end once dev has stopped rising."""
     run, history, kg = tr.run, tr.history, tr.kg
     warm = max(1, int(run.warmup * total_steps))  # learning_rate's warm-up steps
     # history["epoch"] and ["step"] count the epochs and steps done; the loops' indices are 0-based
     for epoch_index in range(history["epoch"], run.epochs):
-        if history["step"] >= total_steps:
+        if history["step"] >= total_steps or runlog.stalled(history, run.patience, tr.log0, tr.ddp):
             break
         tr.ddp_model.train()
         neg = tr.negatives.negatives(epoch_index)  # (N, K, 3): each train positive's K corruptions

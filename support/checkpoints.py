@@ -20,7 +20,7 @@ from palt import PALT, PaltConfig
 # settings that may change when a run resumes: where it writes and what it reports, not what it
 # trains
 RESUME_MAY_CHANGE = ("model", "data_dir", "out", "resume", "log_every", "dev_limit", "dev_sample",
-                     "dev_every", "dev_near", "recipe", "compile", "cudagraphs")
+                     "dev_every", "dev_near", "recipe", "compile", "cudagraphs", "patience")
 META_KEYS = ("model", "weights_sha256", "data", "data_fingerprint", "text", "prompts",
              "max_seq_length", "palt")
 

@@ -104,6 +104,8 @@ class Run:
                                      "entities, not all")
     dev_every: int | None = setting(low=(1, True), help="also a dev point and a resume state every "
                                     "N steps")
+    patience: int | None = setting(low=(1, True), help="stop once dev has not risen for N dev "
+                                   "points in a row (at an epoch's end; best.safetensors stays)")
     dev_near: int | None = setting(low=(1, True), high=(NEAR, "the nearest entities found once per "
                                    "run"), help="... or estimate the exact ranks: the N nearest "
                                    "scored, --dev-sample draws")

@@ -66,6 +66,25 @@ def stop_requested(step, every, ddp):
     return bool(flag.item())
 
 
+def stalled(history, patience, log0, ddp):
+    """--patience N: whether dev has not risen for N dev points in a row (none of the last N above
+    the best before them); process 0 holds the curve, and under DDP the others take its verdict.
+    Says so in the log when it ends the run."""
+    if not patience:
+        return False
+    dev = [p["value"] for p in history["dev"]]
+    verdict = len(dev) > patience and max(dev[-patience:]) <= max(dev[:-patience])
+    if ddp:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([float(verdict)], device=device)
+        dist.broadcast(flag, 0)
+        verdict = bool(flag.item())
+    if verdict:
+        log0(f"dev has not risen for {patience} dev points in a row: the run ends after epoch "
+             f"{history['epoch']} (--patience {patience})")
+    return verdict
+
+
 class Printer:
     """print0: print for process 0, flushed; silence for the others."""
 

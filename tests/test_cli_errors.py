@@ -221,6 +221,7 @@ CASES = [
     # --------------------------------------------------------------- train.py: flags (argparse, before anything loads)
     C("train-max-steps-0", "no steps", train("--max-steps", "0"), ("--max-steps",), ARGPARSE),
     C("train-epochs-0", "no epochs", train("--epochs", "0"), ("--epochs",), ARGPARSE),
+    C("train-patience-0", "stopping before any dev point", train("--patience", "0"), ("--patience",), ARGPARSE),
     C("train-batch-0", "empty batches", train("--batch", "0"), ("--batch",), ARGPARSE),
     C("train-log-every-0", "logging every 0 steps", train("--log-every", "0"), ("--log-every",), ARGPARSE),
     C("train-prompts-two", "two prompt counts, not three", train("--prompts", "1,2"), ("--prompts", "'1,2'"), ARGPARSE),

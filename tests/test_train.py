@@ -50,6 +50,31 @@ def test_training_lowers_loss_and_leaves_bert_untouched(setup, tmp_path, capsys,
     assert f"{dtype} eta" in (tmp_path / "log.txt").read_text()
 
 
+def test_patience_ends_the_run_once_dev_has_not_risen_for_that_many_dev_points(setup, tmp_path, monkeypatch):
+    """--patience 3 on a scripted dev curve .5 .6 .55 .6 .58 (a tie is no rise): the run ends after epoch 5 of 8, its
+    best.safetensors from epoch 2, and the log says why; resumed, it trains nothing more."""
+    curve = iter([0.5, 0.6, 0.55, 0.6, 0.58, 0.9, 0.9, 0.9])
+    real = train.dev_metric
+
+    def scripted(*a, **k):
+        figure, _ = real(*a, **k)
+        value = next(curve)
+        return figure | {"value": value}, f"scripted {value}"
+    monkeypatch.setattr(train, "dev_metric", scripted)
+    out = tmp_path / "run"
+    train.main(train.parse_args(args(setup, out, "--epochs", "8", "--patience", "3", "--dtype", "fp32")))
+    log = (out / "log.txt").read_text()
+    assert [line.split(": ")[1] for line in log.splitlines() if line.startswith("dev after")] == [
+        "scripted 0.5 (best so far)", "scripted 0.6 (best so far)", "scripted 0.55", "scripted 0.6", "scripted 0.58"]
+    said = "dev has not risen for 3 dev points in a row: the run ends after epoch 5 (--patience 3)"
+    assert said in log and "epoch 6/8" not in log
+    history = checkpoints.read_checkpoint(out / "best.safetensors")[1]
+    assert history["best_epoch"] == 2 and history["epoch"] == 2
+    train.main(train.parse_args(args(setup, out, "--epochs", "8", "--patience", "3", "--dtype", "fp32", "--resume")))
+    again = (out / "log.txt").read_text()[len(log):]
+    assert again.count(said) == 1 and "epoch 6/8" not in again and "dev after" not in again
+
+
 def test_bf16_holds_the_frozen_linears_in_bf16_and_takes_bit_identical_steps(setup, tmp_path):
     """autocast recasts a frozen weight at every call; train.build casts the frozen linear layers once instead."""
     run, cpu = train.parse_args(args(setup, tmp_path)), torch.device("cpu")
@@ -159,7 +184,7 @@ def run(cmd, **env):
     return r
 
 
-@pytest.mark.slow  # two MiniLM processes and a third run
+@pytest.mark.slow  # two processes under torchrun, and a run of one
 def test_two_process_ddp_equals_one_process(setup, tmp_path):
     # fp32: bf16 results depend on the batch shapes, and the ranks' batches differ from one process's batch
     one = run([sys.executable, "train.py", *args(setup, tmp_path / "one", "--epochs", "2", "--dtype", "fp32")])
@@ -254,7 +279,7 @@ def test_dropout_in_the_compiled_step_draws_its_masks_from_each_steps_seed(setup
     assert seen[3] == seen[5] and seen[2] == seen[4], seen  # replays of one seed: the same masks
 
 
-@pytest.mark.slow  # three MiniLM runs; the default suite resumes a kill at the epoch end
+@pytest.mark.slow  # three train.py runs; the default suite resumes a kill at an epoch's end
 def test_killed_run_resumes_to_the_same_end(setup, tmp_path):
     # Bit for bit (torch.equal) holds only where the arithmetic is deterministic: fp32 (--dtype auto may pick bf16
     # autocast) and one thread for every run (OMP_NUM_THREADS=1: with 2 threads two uninterrupted MiniLM CPU runs
