@@ -80,7 +80,8 @@ def stalled(history, patience, log0, ddp):
         dist.broadcast(flag, 0)
         verdict = bool(flag.item())
     if verdict:
-        log0(f"dev has not risen for {patience} dev points in a row: the run ends after epoch "
+        points = "dev point" if patience == 1 else "dev points"
+        log0(f"dev has not risen for {patience} {points} in a row: the run ends after epoch "
              f"{history['epoch']} (--patience {patience})")
     return verdict
 

@@ -198,6 +198,20 @@ def test_two_process_ddp_equals_one_process(setup, tmp_path):
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow  # two processes under torchrun
+def test_under_ddp_every_process_ends_with_process_0s_patience_verdict(setup, tmp_path):
+    """Only process 0 holds the dev curve: the others take its --patience verdict, so that all end after epoch 2 of
+    4 (a process that trained on would wait for the others for ever)."""
+    out = tmp_path / "two"
+    two = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "tests/scripted_dev.py", "0.5,0.4,0.9,0.9", *args(setup, out, "--epochs", "4", "--patience", "1",
+                                                              "--dtype", "fp32")], OMP_NUM_THREADS="1")
+    assert two.returncode == 0, two.stderr
+    log = (out / "log.txt").read_text()
+    assert "dev has not risen for 1 dev point in a row: the run ends after epoch 2 (--patience 1)" in log
+    assert "epoch 3/4" not in log
+
+
 def one_rank_group(monkeypatch):
     """torchrun's environment for one rank of a gloo group in this process, on a free port."""
     import socket
