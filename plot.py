@@ -190,7 +190,8 @@ def part_shares(view, layer_row):
 # ------------------------------------------------------------------------- train logs
 STEP_LINE = re.compile(r"^epoch (\d+)/(\d+) step (\d+)/(\d+) loss (\S+)")
 DEV_LINE = re.compile(r"^dev (?:after epoch (\d+)|at step (\d+) \(epoch ([\d.]+)\)): (.*)$")
-RESUMED_LINE = re.compile(r"^resumed from .*: epoch (\d+), step (\d+)$")
+# A resumed segment's line; logs before 2026-12-02 do not name the machine ("on ...").
+RESUMED_LINE = re.compile(r"^resumed from .*: epoch (\d+), step (\d+)(?:, on .*)?$")
 NUMBERS = {"mrr": r"\bmrr ([\d.]+)", "mr": r"\bMR ([\d.]+)", "hits@10": r"Hits@10 ([\d.]+)",
            "accuracy": r"\baccuracy ([\d.]+)", "signal": r"^signal ([\d.]+)"}
 

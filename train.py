@@ -25,7 +25,7 @@ from bert import autocast
 from data import NegativeSampler, build_batch, encode, seq_lengths, to_device
 from evaluate import ERRORS, dev_metric
 from palt import PaltConfig, build_palt, hold_frozen_linears, param_report
-from support import flags, runlog
+from support import devices, flags, runlog
 from support.checkpoints import (check_output, check_resumable, claim_output, palt_meta, restore,
                                  save_run)
 from support.devices import compiled, resolve_dtype
@@ -209,7 +209,8 @@ def save_stopped(tr):
     if tr.ddp_rank != 0:
         return
     save_run(tr.out, tr.model, tr.opt, tr.params, tr.meta | tr.history, ["ckpt", "state"])
-    tr.log0(f"stopped at step {tr.history['step']} ({runlog.STOP[0]}): {tr.out}/ckpt.safetensors "
+    tr.log0(f"stopped at step {tr.history['step']} ({runlog.STOP[0]}; "
+            f"{tr.history['train_wall_s'] / 60:.1f} min of steps): {tr.out}/ckpt.safetensors "
             f"holds this step's weights; --resume continues from {tr.out}/state.safetensors")
 
 
@@ -333,11 +334,9 @@ def setup(run):
     claim_output(out, run.resume, resumed, master_process, ddp)  # a second run into --out: refused
     history = restore(resumed, state_file, model, opt, params)
     log0 = runlog.open_log(out, print0) if master_process else print0
-    # In the log too: a resumed run's log shows where it stopped and continued.
-    if run.resume and resumed:
-        log0(f"resumed from {state_file}: epoch {history['epoch']}, step {history['step']}")
-    elif run.resume:
-        log0(f"--resume: no checkpoint in {out} yet, starting from scratch")
+    # In the log too: each segment says where it trains; a resumed one, where it continued.
+    log0(runlog.segment_line(run.resume, resumed, history, state_file,
+                             f"{devices.machine(device)} x {world_size}"))
     tr = Trainer(run, out, model, ddp_model, compiled(ddp_model, run), opt, params, meta, history,
                  kg, enc, negatives, near, device, dtype, ddp_rank, world_size, log0)
     return tr, total_steps

@@ -34,11 +34,7 @@ UMLS_ADAPTER = files.ROOT / "weights" / "palt-umls-minilm.safetensors"
 def cpu_line(cpuinfo="/proc/cpuinfo"):
     """The CPU's model name, family and model numbers, and which of FLAGS it has."""
     name, flags = devices.cpu_info(cpuinfo)
-    fields = {}
-    if Path(cpuinfo).exists():
-        for line in Path(cpuinfo).read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
+    fields = devices.cpu_fields(cpuinfo)
     have = [f for f in FLAGS if f in flags]
     lacks = [f for f in FLAGS if f not in flags]
     return (f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}); has "

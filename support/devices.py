@@ -33,17 +33,35 @@ def cache_dir():
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "palt"
 
 
-def cpu_info(cpuinfo="/proc/cpuinfo"):
-    """(model name, flags) of this CPU from /proc/cpuinfo; ('unknown', empty) where there is none
-    (macOS, Windows)."""
+def cpu_fields(cpuinfo="/proc/cpuinfo"):
+    """The first processor's fields in /proc/cpuinfo {key: value}; {} where there is none (macOS,
+    Windows)."""
     try:
         lines = Path(cpuinfo).read_text().splitlines()
     except OSError:
-        return "unknown", frozenset()
-    fields = [line.partition(":") for line in lines]
-    names = [value.strip() for key, _, value in fields if key.strip() == "model name"]
-    flags = [value.split() for key, _, value in fields if key.strip() == "flags"]
-    return (names or ["unknown"])[0], frozenset(flags[0] if flags else ())
+        return {}
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_info(cpuinfo="/proc/cpuinfo"):
+    """(model name, flags) of this CPU from /proc/cpuinfo; ('unknown', empty) where there is
+    none."""
+    fields = cpu_fields(cpuinfo)
+    return fields.get("model name", "unknown"), frozenset(fields.get("flags", "").split())
+
+
+def machine(device="cpu", cpuinfo="/proc/cpuinfo"):
+    """Where a run trains, as its log records each segment: the GPU's name, or the CPU's model
+    name, family and model numbers and the threads torch uses."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    fields = cpu_fields(cpuinfo)
+    return (f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')} "
+            f"model {fields.get('model', '?')}), {torch.get_num_threads()} threads")
 
 
 def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):

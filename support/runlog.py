@@ -109,6 +109,18 @@ def open_log(out, print0):
     return log0
 
 
+def segment_line(resume, resumed, history, state_file, where):
+    """A run segment's first log line: the machine it trains on and, resumed, the epoch and step it
+    continues from (a log that travels from machine to machine records each segment)."""
+    if resume and resumed:
+        return (f"resumed from {state_file}: epoch {history['epoch']}, step {history['step']}, "
+                f"on {where}")
+    if resume:
+        return (f"--resume: no checkpoint in {state_file.parent} yet, starting from scratch, "
+                f"on {where}")
+    return f"started on {where}"
+
+
 def on_signal(signum, frame):
     """SIGINT (Ctrl-C) or SIGTERM: the run ends after the step under way (under torchrun, after the
     next logged step, where the processes agree)."""

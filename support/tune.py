@@ -505,8 +505,9 @@ def run_trial(trial, before, settings, args, folder):
             for f in (*folder.glob("*.safetensors"), folder / "log.txt"):
                 f.unlink(missing_ok=True)
     t0 = time.time()
+    # where it trains: a resumed trial adds a machine for each segment
     machines = before.user_attrs.get("machines", []) if before is not None else []
-    trial.set_user_attr("machines", [*machines, machine()])  # a resumed trial: one each segment
+    trial.set_user_attr("machines", [*machines, devices.machine()])
     with open(folder / "train.out", "ab") as output:
         child = start(argv, output)
     try:
@@ -541,11 +542,6 @@ def run_trial(trial, before, settings, args, folder):
         return TrialState.FAIL, None, steps, notes(note, "no dev point at an epoch's end (a graph "
                                                   "without a dev split cannot be searched)")
     return TrialState.COMPLETE, max(ends), steps, note
-
-
-def machine():
-    """This machine's CPU and core count, as a trial records where it trained."""
-    return f"{devices.cpu_info()[0]}, {os.cpu_count()} cores"
 
 
 def notes(*parts):

@@ -165,8 +165,8 @@ epoch 1/2 step 40/80 loss 0.6000 lr 1.00e-04 seq/s 100 padded/real 1.10 fp32 eta
 dev after epoch 1: mrr 0.3000, MR 9.00, Hits@10 0.5000 on 30 dev triples against 24 candidates \
 (best so far)
 epoch 2/2 step 60/80 loss 0.5000 lr 1.00e-04 seq/s 100 padded/real 1.10 fp32 eta 1.0m
-stopped at step 65 (SIGINT): runs/x/ckpt.safetensors holds this step's weights; --resume ...
-resumed from runs/x/state.safetensors: epoch 1, step 50
+stopped at step 65 (SIGINT; 1.2 min of steps): runs/x/ckpt.safetensors holds this step's weights; --resume ...
+resumed from runs/x/state.safetensors: epoch 1, step 50, on AMD EPYC (family 25 model 1), 2 threads x 1
 epoch 2/2 step 60/80 loss 0.4800 lr 1.00e-04 seq/s 100 padded/real 1.10 fp32 eta 1.0m
 dev at step 60 (epoch 1.5): mrr 0.2800, MR 8.00, Hits@10 0.6000 on 30 dev triples (stratified \
 estimate, 9 candidates scored a query)
