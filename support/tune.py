@@ -27,8 +27,8 @@ after each trial), best.txt (the best trial's train.py line, every setting spell
 trials/N/ (train.py's log.txt and its output, train.out; the *.safetensors go when the trial ends).
 A search ended by Ctrl-C, kill -9 or a machine gone resumes with the same command: finished trials
 are kept, and a trial that was running trains again with its settings in its folder, from its
-last saved state (train.py --resume). Ctrl-C lets the running train.py save first; where the
-search dies at once, the kernel ends its train.py too (Linux).
+last saved state (train.py --resume, in the precision it began in). Ctrl-C lets the running
+train.py save first; where the search dies at once, the kernel ends its train.py too (Linux).
 
 --join: a second search on the same OUT (without it, a folder in use is refused) works on the same
 study beside the first, one trial a worker at a time: on another core, or on another machine that
@@ -60,6 +60,7 @@ import plot
 import train
 from evaluate import ERRORS
 from support import devices, files, flags, hub
+from support.checkpoints import read_checkpoint
 from support.graphs import load_kg
 
 NO_OPTUNA = "support.tune needs optuna: pip install optuna"
@@ -500,7 +501,7 @@ def run_trial(trial, before, settings, args, folder):
         reported, note = set(before.intermediate_values), "resumed"
         wall0 = before.user_attrs.get("wall_s", 0.0)
         if (folder / "state.safetensors").is_file():
-            argv.append("--resume")
+            argv += resume_flags(folder / "state.safetensors")
         else:  # killed before its first save: what it wrote goes
             for f in (*folder.glob("*.safetensors"), folder / "log.txt"):
                 f.unlink(missing_ok=True)
@@ -542,6 +543,14 @@ def run_trial(trial, before, settings, args, folder):
         return TrialState.FAIL, None, steps, notes(note, "no dev point at an epoch's end (a graph "
                                                   "without a dev split cannot be searched)")
     return TrialState.COMPLETE, max(ends), steps, note
+
+
+def resume_flags(state):
+    """train.py's flags that continue a trial from its saved state: --resume, in the precision it
+    began in (a search that moves to another machine may resolve --dtype auto otherwise, and
+    train.py resumes a run only in its own precision)."""
+    meta = read_checkpoint(state, kind="train-state", tensors=False)[1]
+    return ["--resume", "--dtype", meta["dtype"]]
 
 
 def notes(*parts):

@@ -245,6 +245,18 @@ def test_a_budget_in_positives_gives_each_batch_size_the_same_triples_and_dev_po
     assert seen == {32: ["0.5", "1", "1.5", "2"], 16: ["0.4", "0.8", "1", "1.2", "2"]}, seen  # steps 2,4,6 (+5,8) of 16
 
 
+def test_a_trial_resumes_in_the_precision_its_state_was_saved_in(bert_dir, tmp_path, monkeypatch):
+    """A search that moves to another machine resolves --dtype auto there anew; the trial it resumes keeps the
+    precision its state was saved in, which train.py requires."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "trial"
+    train.main(train.parse_args(["--data", EXAMPLE, "--model", str(bert_dir), "--epochs", "1", "--dtype", "bf16",
+                                 "--out", str(out)]))
+    assert tune.resume_flags(out / "state.safetensors") == ["--resume", "--dtype", "bf16"]
+    run = train.parse_args(["--data", EXAMPLE, "--dtype", "auto", "--out", str(out), *tune.resume_flags(out / "state.safetensors")])
+    assert (run.resume, run.dtype) == (True, "bf16")  # the later flag wins over the search's own --dtype
+
+
 def test_a_folder_in_use_is_refused_but_joined_with_join_and_another_search_is_refused(killed_and_resumed):
     r = killed_and_resumed
     out, argv = r["out"], r["argv"]
