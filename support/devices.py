@@ -60,8 +60,9 @@ def machine(device="cpu", cpuinfo="/proc/cpuinfo"):
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name(device)
     fields = cpu_fields(cpuinfo)
+    threads = torch.get_num_threads()
     return (f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')} "
-            f"model {fields.get('model', '?')}), {torch.get_num_threads()} threads")
+            f"model {fields.get('model', '?')}), {threads} thread{'s' if threads > 1 else ''}")
 
 
 def cpu_has_native_bf16(cpuinfo="/proc/cpuinfo"):

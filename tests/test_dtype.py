@@ -130,9 +130,9 @@ def test_the_cpu_model_and_flags_are_read_from_cpuinfo(tmp_path):
     # a run's log names its machine: the first processor's model name, family and model numbers
     (tmp_path / "cpuinfo").write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n\n"
                                       "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 2\nmodel name\t: Other\n")
-    threads = torch.get_num_threads()
-    assert devices.machine("cpu", tmp_path / "cpuinfo") == f"AMD EPYC (family 25 model 1), {threads} threads"
-    assert devices.machine("cpu", tmp_path / "missing") == f"unknown CPU (family ? model ?), {threads} threads"
+    threads = f"{torch.get_num_threads()} thread" + ("s" if torch.get_num_threads() > 1 else "")
+    assert devices.machine("cpu", tmp_path / "cpuinfo") == f"AMD EPYC (family 25 model 1), {threads}"
+    assert devices.machine("cpu", tmp_path / "missing") == f"unknown CPU (family ? model ?), {threads}"
 
 
 def test_the_timing_runs_the_feed_forward_block_both_ways_and_leaves_the_seed_alone():
