@@ -176,6 +176,9 @@ class Shortlist:
                 self.emb = torch.from_numpy(self.emb).float()
             else:
                 t, s = time.time(), self.scorer
+                # Minutes on a big graph: said now, before the progress lines begin.
+                print(f"the shortlist's entity embeddings: embedding all {len(self.cand):,} "
+                      f"candidates once (cached in {self.folder})", file=sys.stderr, flush=True)
                 emb = entity_embeddings(s.model.bert, self.cand, s.enc, s.device, s.dtype)
                 self.emb = emb.cpu()
                 save(path, self.emb.half().numpy())

@@ -1038,18 +1038,27 @@ def test_the_first_shortlisted_query_says_how_its_embeddings_and_anchor_come_alo
                                                                                    monkeypatch):
     """On a big graph the first --predict embeds every candidate and scores every one for an anchor (minutes on a
     CPU): progress lines with a count and an ETA on stderr, the first within ~10 s, then at least once a minute
-    (here on a slow clock, --shortlist lowering the threshold). The next query reads both from the cache: silent."""
+    (here on a slow clock, --shortlist lowering the threshold), each build announced when it begins. The next query reads
+    both from the cache: silent."""
     path, *_ = trained
     monkeypatch.setenv("PALT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(bigrank, "time", SlowClock())
     base = ["--predict", "--data-dir", str(lp_root), "--ckpt", str(path), "--dtype", "fp32", "--shortlist", "8", "apple",
             "part of"]
     evaluate.main(base)
-    lines = progress_lines(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    lines = progress_lines(err)
     assert any(line.startswith("10/10 entities embedded (") for line in lines), lines
     assert any(line.startswith("10/10 candidates scored for the anchor (e3, r0, side 1) (") for line in lines), lines
+    # Each build is announced before its first progress line, so a cold start is never silent.
+    for said, progress in (("the shortlist's entity embeddings: embedding all 10 candidates once (cached in ",
+                            "10/10 entities embedded ("),
+                           ("the shortlist's anchor (e3, r0, side 1): scoring all 10 candidates once (cached in ",
+                            "10/10 candidates scored for the anchor")):
+        assert said in err and err.index(said) < err.index(progress), err
     evaluate.main(base)
-    assert progress_lines(capsys.readouterr().err) == []
+    err = capsys.readouterr().err
+    assert progress_lines(err) == [] and "the shortlist's " not in err
 
 
 def test_the_nearest_entity_pass_and_dev_rankings_report_progress_and_a_quick_one_stays_silent(trained, capsys,
