@@ -6,6 +6,7 @@ point resumes with the same command.
     python -m support.tune --data umls --method finetune --max-epochs 4 --dev-limit 100 ...
     python -m support.tune ... --space 'lr=1e-4:1e-3,epochs=2:4,negatives=1,1,1|5,5,5'
     python -m support.tune ... -- --text long  (flags after -- go to every trial's train.py)
+    python -m support.tune ... --try-recipe  (the recipe's own settings as one trial, once)
     python -m support.tune ... --join  (one more worker on the same --out: another core or machine)
     python -m support.tune --report --out runs/tune-umls-palt  (top trials, importances: markdown)
     python -m support.tune --data wn11 --positives 25600 ...  (trials of 25,600 positives each)
@@ -56,6 +57,7 @@ try:
 except ImportError:  # an optional extra: main says how to install it
     optuna = None
 
+import palt
 import plot
 import train
 from evaluate import ERRORS
@@ -250,6 +252,54 @@ def search_space(method, space_texts, max_epochs, model, positives=None):
     return params
 
 
+def recipe_value(run, name, n_layers):
+    """A Run's setting as the searched parameter `name` spells it: a head's lr is the LM's where
+    the recipe sets none, the calibrated layers PALT's default where it names none."""
+    if name == "head_lr":
+        return run.head_lr or run.lr
+    if name == "negatives" and run.either_side:
+        return EITHER
+    if name in ("negatives", "prompts"):
+        return ",".join(map(str, getattr(run, name)))
+    if name == "calib":
+        layers = palt.default_calib_layers(n_layers) if run.calib is None else run.calib
+        return ",".join(map(str, sorted(set(layers)))) or "none"
+    return getattr(run, name)
+
+
+def recipe_point(args, params, out, text):
+    """--try-recipe's trial {name: value}: the recipe's own settings (epochs capped at the space's
+    top), where `text` ('lr=1e-4,batch=16') changes none or some; refused in one line where one
+    lies outside the space."""
+    given = split_space(text) if text else {}
+    by_name = {p.name: p for p in params}
+    for name in given:
+        if name not in by_name:
+            raise TuneError(f"--try-recipe {name}: not searched here (the search has "
+                            f"{', '.join(by_name)})")
+    run = parse_train(train_argv(args, {}, out / "trials" / "0", budget=False))
+    n_layers = layer_count(args.model)
+    point = {}
+    for p in params:
+        if p.name in given:
+            value = parse_values(p.name, p.kind, p.values, given[p.name])[0]
+            if p.name == "calib":
+                value = layer_choices((value,), n_layers)[0]
+        else:
+            value = recipe_value(run, p.name, n_layers)
+        if p.name == "epochs":
+            value = min(value, p.values[1])
+        if p.kind == "choice" and value not in p.values:
+            raise TuneError(f"--try-recipe: {p.name} {flag_text(value)} is not one of the searched "
+                            f"{'|'.join(map(flag_text, p.values))} (give {p.name}=...)")
+        low, high = p.values[0], p.values[-1]
+        if p.kind != "choice" and not low <= value <= high:
+            raise TuneError(f"--try-recipe: {p.name} {flag_text(value)} lies outside the searched "
+                            f"{flag_text(low)}:{flag_text(high)} (give {p.name}=...)")
+        point[p.name] = value
+    return point
+
+
 # ----------------------------------------------------------------------------- train.py's lines
 def train_argv(args, settings, out, budget=True):
     """train.py's flags for one trial: the search's fixed flags, the method's, the trial's
@@ -412,8 +462,8 @@ def open_study(out, args, params):
 def next_trial(study, out, params, n_trials):
     """(trial, its FrozenTrial before or None, its claim, its settings): a trial left running by
     a search that is gone (its claim free: the same settings again), else a new one while the study
-    has fewer than n_trials; None when it has them. Under the mutex, so that two workers never take
-    one trial."""
+    has fewer than n_trials (an enqueued one first); None when it has them. Under the mutex, so
+    that two workers never take one trial."""
     with mutex(out):
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             claim = try_lock(trial_folder(out, t.number) / "search.lock")
@@ -422,9 +472,11 @@ def next_trial(study, out, params, n_trials):
                 trial = optuna.trial.Trial(study, t._trial_id)
                 settings = suggest(trial, params, t.params)
                 return trial, t, claim, settings
-        if len(study.get_trials(deepcopy=False)) >= n_trials:
+        trials = study.get_trials(deepcopy=False)
+        waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+        if not waiting and len(trials) >= n_trials:
             return None
-        trial = study.ask()
+        trial = study.ask()  # an enqueued trial (--try-recipe) first
         claim = try_lock(trial_folder(out, trial.number) / "search.lock")
         return trial, None, claim, suggest(trial, params, {})
 
@@ -568,7 +620,7 @@ def finish(study, trial, outcome, folder):
     """Tell Optuna how the trial ended, then delete its weights (the best recipe trains again)."""
     state, value, steps, note = outcome
     trial.set_user_attr("steps", steps)
-    trial.set_user_attr("note", note)
+    trial.set_user_attr("note", notes(trial.user_attrs.get("tried"), note))
     study.tell(trial, value, state=state)
     for f in folder.glob("*.safetensors"):
         f.unlink(missing_ok=True)
@@ -624,6 +676,12 @@ def search(args):
         args.n_train = len(load_kg(args.data, args.data_dir).train)
     check_train_args(args, params)
     check_with_train(args, params, out)
+    point, tried = None, ""
+    if args.try_recipe is not None:
+        point = recipe_point(args, params, out, args.try_recipe)
+        tried = f"the {args.recipe or 'default'} recipe"
+        if args.try_recipe:
+            tried += f" with {args.try_recipe}"
     files.check_writable(out, f"--out {out}")
     if not args.join:
         files.lock_folder(out, "--out", "add --join to work on the same study beside it")
@@ -632,6 +690,9 @@ def search(args):
     try:
         with mutex(out):
             study = open_study(out, args, params)
+            if point and len(study.get_trials(deepcopy=False)) < args.trials:
+                # Once a study: a trial of the same settings, in any state, stops it.
+                study.enqueue_trial(point, user_attrs={"tried": tried}, skip_if_exists=True)
         failures = 0
         while True:
             if STOP:
@@ -762,6 +823,10 @@ def parse_args(argv=None):
                     "trials shorter than an epoch); epochs are then not searched")
     ap.add_argument("--space", action="append", default=[],
                     help="name=low:high, name=value or name=a|b|c, comma-separated")
+    ap.add_argument("--try-recipe", nargs="?", const="", metavar="NAME=VALUE,...",
+                    help="one trial of the recipe's own settings (epochs capped at the space's "
+                    "top) before the sampler's next draw, once a study; NAME=VALUE items change "
+                    "some (finetuning's lr: lr=1e-4)")
     ap.add_argument("--pruner", choices=("median", "halving", "none"), default="median",
                     help="ends a trial falling behind at a dev point (default median)")
     ap.add_argument("--startup-trials", default=5, type=functools.partial(whole, least=0),

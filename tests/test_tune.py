@@ -299,3 +299,31 @@ def test_a_choice_that_carries_a_further_flag_reaches_train_py_as_two_flags(bert
     assert argv[argv.index("--negatives"):][:3] == ["--negatives", "1,0,1", "--either-side"]
     run = train.parse_args(argv)
     assert run.either_side and run.negatives == (1, 0, 1)
+
+
+def test_try_recipe_trains_the_recipes_own_settings_once_and_refuses_one_outside_the_space(bert_dir, tmp_path,
+                                                                                             monkeypatch):
+    """--try-recipe: the first trial takes the recipe's settings (a head's lr the LM's, calibration PALT's middle and
+    last, epochs capped at --max-epochs) with the items given changing some; the same command again does not try it
+    twice. A recipe's setting outside the space is refused in one line, before anything is written."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "s"
+    with pytest.raises(SystemExit) as e:
+        main(command(bert_dir, out, "--try-recipe", space="batch=16|32,negatives=1,1,1", trials=1))
+    assert e.value.code == "error: --try-recipe: batch 8 is not one of the searched 16|32 (give batch=...)"
+    assert not out.exists()
+    tried = ["--try-recipe", "batch=32,negatives=1,1,1,lr=2e-3"]
+    status, stdout, stderr = main(command(bert_dir, out, *tried, space="batch=16|32,negatives=1,1,1", trials=1))
+    assert status == 0, stderr
+    run = train.parse_args(["--data", EXAMPLE, "--model", str(bert_dir), "--out", str(tmp_path / "r")])
+    (trial,) = study_of(out).get_trials()
+    # The tiny BERT's 2 layers: PALT calibrates its middle and last, layer 1 both.
+    assert trial.params == {"lr": 2e-3, "head_lr": run.head_lr or run.lr, "batch": 32, "negatives": "1,1,1",
+                            "epochs": 1, "warmup": run.warmup, "prompts": ",".join(map(str, run.prompts)),
+                            "calib": "1", "adam_beta2": run.adam_beta2, "adam_eps": run.adam_eps,
+                            "head_input": run.head_input}
+    assert table(out)[0]["note"] == "the default recipe with batch=32,negatives=1,1,1,lr=2e-3"
+    status, stdout, stderr = main(command(bert_dir, out, *tried, space="batch=16|32,negatives=1,1,1", trials=2))
+    assert status == 0, stderr
+    first, second = study_of(out).get_trials()
+    assert second.params != first.params and table(out)[1]["note"] == ""
