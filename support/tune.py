@@ -473,7 +473,7 @@ def next_trial(study, out, params, n_trials):
                 settings = suggest(trial, params, t.params)
                 return trial, t, claim, settings
         trials = study.get_trials(deepcopy=False)
-        waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+        waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
         if not waiting and len(trials) >= n_trials:
             return None
         trial = study.ask()  # an enqueued trial (--try-recipe) first
