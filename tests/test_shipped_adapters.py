@@ -59,7 +59,7 @@ def test_the_link_prediction_adapter_reproduces_its_estimate_and_agrees_with_its
     model, meta, enc, kg, result = shipped("umls")
     full = result["metrics"]["filtered"]["both"]["realistic"]
     assert not result["estimate"] and result["counts"]["ranked_triples"] == len(kg.test)
-    # `python evaluate.py --lp --limit 60 --dtype fp32` wrote this estimate (RESULTS.md, UMLS estimates)
+    # `python evaluate.py --lp --limit 60 --dtype fp32` wrote this estimate (an MRR .821 [.750, .887])
     stored = json.loads((ROOT / "results" / "umls-palt-umls-minilm-lp-test-limit60-seed0.json").read_text())["metrics"]
     dtype, tolerance = dtype_and_tolerance(result, 0.01)
     sample = evaluate.rank_split(evaluate.Scorer(model, enc, meta["prompts"], meta["max_seq_length"], "cpu", dtype),
