@@ -7,7 +7,18 @@ trainable parts.
   Eq. 2     h' = W_c h + b_c + h   knowledge calibration, after the attention sublayer of the
             chosen layers
 W_p and W_c start at zero, so an untrained PALT without prompts computes exactly what BERT computes.
+
+The methods it is compared with train other parts of the same model (PaltConfig.method):
+  finetune  every weight of the LM (KG-BERT; the paper's Finetuning row)
+  lora      W x + (alpha / r) B A x on attention's q and v (Hu et al., 2021), B starting at zero
+  bitfit    the encoder's biases (Ben Zaken et al., 2022)
+  prompt    prompt tokens alone, no W_p and no calibration (prompt tuning, Lester et al., 2021)
+  probe     the head alone: the pooler and NSP head on a frozen encoder (the paper's "w/o encoder")
+A model without a pretrained NSP head (MiniLM) trains its pooler and a new NSP head under every
+method. LoRA is written here in a few lines rather than taken from PEFT: it wraps two of our own
+linear maps, and an adapter stays a plain dict of the tensors that train.
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +28,8 @@ import torch.nn.functional as F
 from bert import sdpa_mask
 from support.hub import load_bert
 
+METHODS = ("palt", "finetune", "lora", "bitfit", "prompt", "probe")
+
 
 class ConfigError(ValueError):
     """A PALT configuration that cannot work with this model (one line)."""
@@ -24,18 +37,31 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PaltConfig:
-    prompts: tuple = (10, 10, 10)  # b, m, e: how many prompt tokens at the start, middle and end
-    calib_layers: tuple | None = None  # from 0; None: default_calib_layers (finetune: none)
-    prompt_encoder: bool = True  # W_p of Eq. 1
+    method: str = "palt"  # what trains: one of METHODS
+    # b, m, e: how many prompt tokens at the start, middle and end; None: (10, 10, 10), the paper's,
+    # for palt and prompt, else none
+    prompts: tuple | None = None
+    calib_layers: tuple | None = None  # from 0; None: default_calib_layers for palt, else none
+    prompt_encoder: bool | None = None  # W_p of Eq. 1; None: on for palt, else off
     # Re-parametrise the prompt vectors through an MLP (2*d_h*d_h more parameters). It is off
     # because on WN11 dev the reference code's prompt MLP did not help (RESULTS.md, Ablations).
     prompt_mlp: bool = False
-    # Train the whole LM and none of PALT's parts: the paper's "Finetuning" row (KG-BERT).
-    finetune: bool = False
     # What the NSP head reads: "cls", [CLS]'s last state as BERT's pretrained head does, or "mean",
     # the mean of the last layer over the real tokens, the state a sentence-embedding model such as
     # MiniLM was trained to produce (a choice for a model whose NSP head is new).
     head_input: str = "cls"
+    lora_rank: int = 8  # --method lora: the rank r of B A
+    lora_alpha: float = 16.0  # --method lora: the update scales by alpha / r
+
+    def __post_init__(self):
+        palt = self.method == "palt"
+        if self.prompts is None:
+            object.__setattr__(self, "prompts", (10, 10, 10) if self.method in ("palt", "prompt")
+                               else (0, 0, 0))
+        if self.prompt_encoder is None:
+            object.__setattr__(self, "prompt_encoder", palt)
+        if self.calib_layers is None and not palt:
+            object.__setattr__(self, "calib_layers", ())
 
 
 def default_calib_layers(n_layers):
@@ -44,8 +70,7 @@ def default_calib_layers(n_layers):
 
 
 # A plain BERT, none of PALT's parts, scores zero-shot with its pretrained NSP head.
-ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False,
-                 finetune=False)
+ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False)
 
 
 def zero_linear(d):
@@ -56,21 +81,60 @@ def zero_linear(d):
     return lin
 
 
+class LoRA(nn.Module):
+    """A frozen linear map plus a trainable low-rank update: W x + b + (alpha / r) B A x. B starts
+    at zero, so the map computes what the frozen one does until it trains."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float):
+        super().__init__()
+        self.base = base
+        self.A = nn.Parameter(torch.empty(rank, base.in_features))
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # nn.Linear's init, as LoRA's code
+        self.B = nn.Parameter(torch.zeros(base.out_features, rank))
+        self.scale = alpha / rank
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.A.T) @ self.B.T * self.scale
+
+
+def check_config(cfg: PaltConfig, n_layers: int):
+    """A configuration's parts against its method and the model, one line each."""
+    if cfg.method not in METHODS:
+        raise ConfigError(f"method must be one of {', '.join(METHODS)}, not {cfg.method!r}")
+    if cfg.head_input not in ("cls", "mean"):
+        raise ConfigError(f"head_input must be cls or mean, not {cfg.head_input!r}")
+    if cfg.method != "palt" and (cfg.calib_layers or cfg.prompt_encoder):
+        raise ConfigError(f"PaltConfig(method={cfg.method!r}) has no calibration or W_p: give it "
+                          "calib_layers=() and prompt_encoder=False")
+    if cfg.method not in ("palt", "prompt") and (sum(cfg.prompts) or cfg.prompt_mlp):
+        raise ConfigError(f"PaltConfig(method={cfg.method!r}) has no prompt tokens: give it "
+                          "prompts=(0, 0, 0) and no prompt_mlp")
+    if cfg.method == "prompt" and not sum(cfg.prompts):
+        raise ConfigError("PaltConfig(method='prompt') trains prompt tokens: give it some")
+    if cfg.method == "lora" and (cfg.lora_rank < 1 or cfg.lora_alpha <= 0):
+        raise ConfigError(f"LoRA needs a rank of at least 1 and alpha above 0, not "
+                          f"{cfg.lora_rank} and {cfg.lora_alpha}")
+    if any(not 0 <= i < n_layers for i in cfg.calib_layers or ()):
+        raise ConfigError(f"calibration layers {cfg.calib_layers} outside 0..{n_layers - 1}")
+
+
+def trains(name: str, method: str, heads_to_train: tuple) -> bool:
+    """Whether the base model's parameter `name` trains under `method`: a model without an NSP
+    head always trains its heads (pooler, new NSP head); a probe trains the heads of any model."""
+    module = name.split(".")[0]
+    if module in heads_to_train or (method == "probe" and module in ("pooler", "nsp")):
+        return True
+    return method == "finetune" or (method == "bitfit" and name.endswith("bias"))
+
+
 class PALT(nn.Module):
     def __init__(self, bert, cfg: PaltConfig, heads_to_train=()):
         super().__init__()
         H, n_layers = bert.config.hidden_size, bert.config.num_hidden_layers
-        if cfg.finetune and (sum(cfg.prompts) or cfg.calib_layers or cfg.prompt_encoder
-                             or cfg.prompt_mlp):
-            raise ConfigError("PaltConfig(finetune=True) trains the LM alone: give it prompts=(0, "
-                              "0, 0), prompt_encoder=False and no calib_layers or prompt_mlp")
+        check_config(cfg, n_layers)
         layers = tuple(cfg.calib_layers or ())
-        if cfg.calib_layers is None and not cfg.finetune:
+        if cfg.calib_layers is None:
             layers = default_calib_layers(n_layers)
-        if cfg.head_input not in ("cls", "mean"):
-            raise ConfigError(f"head_input must be cls or mean, not {cfg.head_input!r}")
-        if any(not 0 <= i < n_layers for i in layers):
-            raise ConfigError(f"calibration layers {layers} outside 0..{n_layers - 1}")
         self.bert, self.cfg, self.calib_layers = bert, cfg, layers
         self.heads_to_train = tuple(heads_to_train)
         n_prompts = sum(cfg.prompts)
@@ -81,10 +145,13 @@ class PALT(nn.Module):
             self.prompt_mlp = nn.Sequential(nn.Linear(H, H), nn.ReLU(), nn.Linear(H, H))
         self.W_p = zero_linear(H) if cfg.prompt_encoder else None
         self.W_c = nn.ModuleDict({str(i): zero_linear(H) for i in layers})  # Eq. 2, by layer
-        # Freeze every pretrained tensor but the heads without NSP pretraining (MiniLM's pooler and
-        # NSP head), which must train.
+        # Freeze every pretrained tensor but what the method trains (trains()).
         for name, p in bert.named_parameters():
-            p.requires_grad = cfg.finetune or name.split(".")[0] in self.heads_to_train
+            p.requires_grad = trains(name, cfg.method, self.heads_to_train)
+        if cfg.method == "lora":  # after the freeze: A and B train, the wrapped q and v do not
+            for layer in bert.layers:
+                layer.q = LoRA(layer.q, cfg.lora_rank, cfg.lora_alpha)
+                layer.v = LoRA(layer.v, cfg.lora_rank, cfg.lora_alpha)
 
     def forward(self, input_ids, token_type_ids, attention_mask, prompt_index, attention=False):
         """NSP logits (B, 2), class 0 a true triple; with attention=True, (those, each layer's
@@ -121,14 +188,17 @@ def score(logits):
 
 
 def param_report(model):
-    """Tunable vs total parameters, and the tunable ones by part."""
+    """Tunable vs total parameters, and the tunable ones by part: P, W_p, W_c, bert.pooler,
+    bert.nsp, and the method's share of the encoder (bert: finetuning's; lora; biases)."""
+    in_encoder = {"finetune": "bert", "lora": "lora", "bitfit": "biases"}.get(model.cfg.method)
     parts = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        # The parts are the modules: P, W_p, W_c, bert.pooler, bert.nsp (or all of bert).
         path = name.split(".")
-        part = ".".join(path[:2]) if path[0] == "bert" and not model.cfg.finetune else path[0]
+        part = path[0]
+        if path[0] == "bert":
+            part = ".".join(path[:2]) if path[1] in ("pooler", "nsp") else in_encoder
         parts[part] = parts.get(part, 0) + p.numel()
     tunable, total = sum(parts.values()), sum(p.numel() for p in model.parameters())
     return {"tunable": tunable, "total": total, "percent": 100 * tunable / total, "parts": parts}

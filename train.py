@@ -3,10 +3,10 @@
   python train.py --data umls --recipe cpu
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 
-Read top to bottom: PRESETS (every recipe's settings), the lr schedule, one optimizer step
+Read top to bottom: the lr schedule, one optimizer step
 (train_step), the loop (train), then the set-up: torchrun's processes, the model and its AdamW
 groups, the negatives, the resumed state (setup). The dev point's figure is evaluate.dev_metric;
-flag checks and checkpoint files live in support/.
+recipes (support/recipes.py: PRESETS), flag checks and checkpoint files live in support/.
 """
 import json
 import os
@@ -32,47 +32,7 @@ from support.devices import compiled, resolve_dtype
 from support.files import release_folder
 from support.graphs import load_kg
 from support.near import nearest_of_each
-
-# PRESETS[recipe][data] fills every setting a run leaves open (None: not set, flags.FALLBACKS or the
-# flag's default); no recipe sets the model (--model, MiniLM by default). paper: BERT-base on GPUs;
-# lr, batch (positives a step), prompts, negatives and epochs from the paper's appendix; where it is
-# silent, from the authors' scripts (github yuanyehome/PALT): umls's row (umls.sh; 'own' takes it
-# too), the warm-up (WN11.sh 880 of 35,200 steps, umls.sh 600 of 6,520, WN18RR.sh 32,563 of
-# 108,540; else 10%), AdamW's betas (0.9, 0.98) and eps 1e-6 (model/trainer.py). Where the scripts
-# disagree, the paper's stays: WN11, FB13 and FB15k-237 draw one head-or-tail negative there
-# (--either-side) in 256, 64 and 128 sequences a step; WN18RR lr 3e-5; FB13 10 epochs of BERT-large.
-# cpu: ours for MiniLM on a few CPU cores. gpu: the cpu recipe compiled; on the big graphs 10
-# epochs, a dev point every 2,500 steps, self-negatives (FB15k-237 5+5+5, WN18RR hard ones) and
-# estimated dev ranks (the dev_near nearest scored, dev_sample drawn).
-COLUMNS = ("lr", "batch", "prompts", "negatives", "epochs", "warmup", "dev_limit", "dev_sample",
-           "dev_every", "dev_near", "hard_negatives")
-_ = None  # not set
-TABLE = [  # recipe, data, then COLUMNS
-    ("paper", "wn11",      1.5e-4, 32, (2,0,0),    (1,1,1),   40, .025, _,   _,    _,    _,  _),
-    ("paper", "fb13",      1.5e-5, 32, (10,10,10), (1,1,1),   40, _,    _,   _,    _,    _,  _),
-    ("paper", "fb15k-237", 1e-4,   8,  (10,10,10), (5,5,5),   10, _,    50,  100,  _,    32, _),
-    ("paper", "wn18rr",    1e-5,   8,  (10,10,10), (5,5,5),   10, .3,   50,  100,  _,    32, _),
-    ("paper", "umls",      5e-5,   8,  (10,10,10), (5,5,5),   10, .092, 100, _,    _,    _,  _),
-    ("paper", "own",       5e-5,   8,  (10,10,10), (5,5,5),   10, .092, 100, 1000, _,    _,  _),
-    ("cpu",   "wn11",      1e-3,   32, (2,0,0),    (1,1,1),   3,  _,    _,   _,    _,    _,  _),
-    ("cpu",   "fb13",      1e-3,   32, (2,0,0),    (1,1,1),   1,  _,    _,   _,    _,    _,  _),
-    ("cpu",   "umls",      1e-3,   32, (2,0,0),    (1,1,1),   8,  _,    100, _,    _,    _,  _),
-    ("cpu",   "fb15k-237", 1e-3,   32, (2,0,0),    (1,0,1),   1,  _,    50,  100,  500,  32, _),
-    ("cpu",   "wn18rr",    1e-3,   32, (2,0,0),    (1,0,1),   1,  _,    50,  100,  500,  32, _),
-    ("cpu",   "own",       1e-3,   32, (2,0,0),    (1,1,1),   5,  _,    100, 1000, _,    _,  _),
-    ("gpu",   "wn11",      1e-3,   32, (2,0,0),    (1,1,1),   3,  _,    _,   _,    _,    _,  _),
-    ("gpu",   "fb13",      1e-3,   32, (2,0,0),    (1,1,1),   1,  _,    _,   _,    _,    _,  _),
-    ("gpu",   "umls",      1e-3,   32, (2,0,0),    (1,1,1),   8,  _,    100, _,    _,    _,  _),
-    ("gpu",   "fb15k-237", 1e-3,   32, (2,0,0),    (5,5,5,2), 10, _,    50,  100,  2500, 32, _),
-    ("gpu",   "wn18rr",    1e-3,   32, (2,0,0),    (1,0,1,2), 10, _,    50,  100,  2500, 32, 0.5),
-    ("gpu",   "own",       1e-3,   32, (2,0,0),    (1,1,1),   5,  _,    100, 1000, _,    _,  _),
-]
-RECIPE_ALL = {"paper": dict(adam_beta2=0.98, adam_eps=1e-6), "gpu": dict(compile=True)}  # every row
-PRESETS = {}
-for recipe, name, *values in TABLE:
-    row = {k: v for k, v in zip(COLUMNS, values) if v is not None}
-    PRESETS.setdefault(recipe, {})[name] = row | RECIPE_ALL.get(recipe, {})
-
+from support.recipes import PRESETS  # every recipe's settings, one a line with its source
 
 
 def parse_args(argv=None):
@@ -273,8 +233,10 @@ def build(run, dtype, device):
     trainable params, AdamW."""
     kg = load_kg(run.data, run.data_dir, run.text)  # before the model: a data error costs seconds
     torch.manual_seed(run.seed)
-    cfg = PaltConfig(prompts=run.prompts, calib_layers=run.calib, prompt_encoder=not run.no_wp,
-                     prompt_mlp=run.prompt_mlp, finetune=run.finetune, head_input=run.head_input)
+    lora = dict(lora_rank=run.lora_rank, lora_alpha=run.lora_alpha) if run.method == "lora" else {}
+    cfg = PaltConfig(method=run.method, prompts=run.prompts, calib_layers=run.calib,
+                     prompt_encoder=not run.no_wp, prompt_mlp=run.prompt_mlp,
+                     head_input=run.head_input, **lora)
     model, loaded = build_palt(run.model, cfg)
     flags.check_model(run, model, loaded)
     record = flags.recorded(run)  # paths inside the project relative to it, others absolute

@@ -31,7 +31,7 @@ from support import devices, graphs, hf, hub  # noqa: E402
 
 PROMPTS, NEGATIVES, BATCH, MAX_SEQ = (2, 0, 0), (1, 1, 1), 32, 192
 PALT_CFG = palt.PaltConfig(prompts=PROMPTS)
-FINETUNE_CFG = palt.PaltConfig(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, finetune=True)
+FINETUNE_CFG = palt.PaltConfig(method="finetune")
 LR = {"palt": 1e-3, "finetune": 5e-5}  # the README's PALT rate; a finetuning rate (speed does not depend on it)
 
 

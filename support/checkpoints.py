@@ -102,9 +102,11 @@ def load_checkpoint(path, model=None):
                               f"{meta['weights_sha256'][:12]}), but {loaded.path} has sha256 "
                               f"{loaded.weights_sha256[:12]}: wrong base model")
     c = meta["palt"]
-    cfg = PaltConfig(prompts=tuple(c["prompts"]), calib_layers=tuple(c["calib_layers"]),
-                     prompt_encoder=c["prompt_encoder"], prompt_mlp=c["prompt_mlp"],
-                     finetune=c["finetune"], head_input=c.get("head_input", "cls"))
+    method = c.get("method", "finetune" if c.get("finetune") else "palt")  # older: a bool
+    lora = {k: c[k] for k in ("lora_rank", "lora_alpha") if method == "lora"}
+    cfg = PaltConfig(method=method, prompts=tuple(c["prompts"]),
+                     calib_layers=tuple(c["calib_layers"]), prompt_encoder=c["prompt_encoder"],
+                     prompt_mlp=c["prompt_mlp"], head_input=c.get("head_input", "cls"), **lora)
     palt = PALT(loaded.model, cfg, loaded.heads_to_train)
     expected = {n: tuple(t.shape) for n, t in trainable_state(palt).items()}
     got = {n: tuple(t.shape) for n, t in tensors.items()}
@@ -182,6 +184,7 @@ def check_resumable(saved, meta, state):
     old, new = json.loads(saved["run"]), json.loads(meta["run"])
     # A setting added since the state was saved held its default then.
     defaults = {f.name: f.default for f in fields(Run)} | FALLBACKS
+    defaults["method"] = "finetune" if old.get("finetune") else "palt"  # older: --finetune alone
     pairs = {k: (old.get(k, defaults.get(k)), new[k]) for k in new if k not in RESUME_MAY_CHANGE}
     for k in ("weights_sha256", "data_fingerprint", "dtype"):
         if k in meta:

@@ -178,8 +178,10 @@ def train_summary(meta):
     for k in ("out", "data_dir", "model", "data"):  # checkpoints before 2026-11-28: as given
         if isinstance(args.get(k), str) and os.path.isabs(args[k]):
             args[k] = files.project_path(args[k])
-    return {"method": "finetune" if arch.get("finetune") else "palt", "model": meta.get("model"),
+    method = arch.get("method", "finetune" if arch.get("finetune") else "palt")  # older: a bool
+    return {"method": method, "model": meta.get("model"),
             **{k: arch.get(k) for k in ("prompts", "calib_layers", "prompt_encoder", "prompt_mlp")},
+            **{k: arch[k] for k in ("lora_rank", "lora_alpha") if method == "lora"},
             **{k: args.get(k) for k in ("lr", "batch", "negatives", "seed")},
             "epochs": meta.get("epoch"), "epochs_scheduled": args.get("epochs"),
             "steps": meta.get("step"), "dtype": meta.get("dtype"),

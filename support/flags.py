@@ -10,18 +10,26 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from palt import param_report
 from data import DataError
+from palt import METHODS, param_report
 from support.graphs import DATASETS, TEXTS, dataset
 from support.devices import DTYPES
 from support.files import project_path
+from support.hub import has_nsp_head
 
 class FlagError(ValueError):
     """A flag, or a combination of flags, that cannot work; the message is one line naming it."""
 
 
 # The settings that a recipe may set and otherwise take these values.
-FALLBACKS = {"hard_negatives": 0.0, "warmup": 0.1, "adam_beta2": 0.999, "adam_eps": 1e-8}
+FALLBACKS = {"hard_negatives": 0.0, "warmup": 0.1, "adam_beta2": 0.999, "adam_eps": 1e-8,
+             "either_side": False, "head_input": "cls", "method": "palt"}
+# --method lora's rank and alpha where not given: alpha = 2 x rank, a common choice (the LoRA
+# paper's GPT-3 runs set alpha to the first rank they tried and left it).
+LORA_FALLBACKS = {"lora_rank": 8, "lora_alpha": 16.0}
+# --method prompt's prompt tokens where neither the command line nor the recipe gives any: the
+# paper's counts.
+PROMPT_TUNING_PROMPTS = (10, 10, 10)
 # --hard-negatives draw from each entity's NEAR nearest entities; --dev-near takes the first
 NEAR = 32
 
@@ -60,7 +68,13 @@ def prompts_list(s):
 @dataclass
 class Run:
     data: str = setting(help=f"{', '.join(DATASETS)}, or a folder with train.tsv (README)")
-    recipe: str = setting("paper", "PRESETS[recipe][data] fills every setting left open")
+    recipe: str | None = setting(help="PRESETS[recipe][data] fills every setting left open "
+                                 "(default: tuned for a model without a pretrained NSP head, "
+                                 "MiniLM; paper for BERT)")
+    method: str | None = setting(help="what trains: palt (default); finetune, the whole LM; lora, "
+                                 "low-rank updates of attention's q and v; bitfit, the encoder's "
+                                 "biases; prompt, prompt tokens alone; probe, the head alone",
+                                 choices=METHODS)
     model: str = setting("minilm", "minilm, bert-base-cased, ..., or a folder with a BERT "
                          "model.safetensors")
     data_dir: str | None = setting(help="folder holding the datasets (default $PALT_DATA, else "
@@ -78,17 +92,23 @@ class Run:
     negatives: tuple | None = setting(parse=negatives_list, help="corruptions of head, relation, "
                                       "tail per positive [, self-negatives (h, r, h), (t, r, t)], "
                                       "e.g. 1,0,1,2")
-    either_side: bool = setting(False, "one corruption a positive, of its head or of its tail "
-                                "(p = .5; the authors' scripts): with --negatives 1,0,1")
+    either_side: bool | None = setting(help="one corruption a positive, of its head or of its "
+                                       "tail (p = .5; the authors' scripts): with --negatives "
+                                       "1,0,1")
     prompts: tuple | None = setting(parse=prompts_list, help="b,m,e prompt tokens, e.g. 2,0,0")
     calib: tuple | None = setting(parse=int_list, help="calibrated layers from 0, e.g. 3,5, or "
                                   "none (default: the middle and the last)")
     no_wp: bool = setting(False, "ablation: no prompt encoder W_p")
     prompt_mlp: bool = setting(False, "re-parametrise the prompts through an MLP")
-    finetune: bool = setting(False, "train the whole LM, no PALT parts (KG-BERT's row)")
-    head_input: str = setting("cls", "what the NSP head reads: [CLS], or the mean of the last "
-                              "layer (the state MiniLM was trained to produce; a new NSP head)",
-                              choices=("cls", "mean"))
+    finetune: bool = setting(False, "--method finetune: the whole LM trains (KG-BERT's row)")
+    lora_rank: int | None = setting(low=(1, True), help="--method lora: the updates' rank "
+                                    f"(default {LORA_FALLBACKS['lora_rank']})")
+    lora_alpha: float | None = setting(low=(0, False), help="--method lora: the updates scale by "
+                                       "alpha / rank (default "
+                                       f"{LORA_FALLBACKS['lora_alpha']:g})")
+    head_input: str | None = setting(help="what the NSP head reads: [CLS] (default), or the mean "
+                                     "of the last layer (the state MiniLM was trained to "
+                                     "produce; a new NSP head)", choices=("cls", "mean"))
     dtype: str = setting("auto", "autocast: auto = bf16 on a GPU, and on a CPU with native bf16 "
                          "where it times faster (once, cached), else fp32", choices=DTYPES)
     compile: bool | None = setting(help="torch.compile the step (recipe gpu does; on CPU it needs "
@@ -171,27 +191,83 @@ def parse_args(argv, presets, description):
     setting left open; every flag is checked here, before anything loads."""
     ap = parser(description, presets)
     run = Run(**vars(ap.parse_args(argv)))
-    if run.finetune and (sum(run.prompts or ()) or run.calib or run.prompt_mlp):
-        ap.error("--finetune trains the whole LM and none of PALT's parts: drop --prompts, --calib "
-                 "and --prompt-mlp")
+    check_method(ap, run)  # on the flags as given, before a recipe fills the rest
     try:
         name = dataset(run.data, run.data_dir)[0]  # a benchmark's name, or a folder with train.tsv
     except DataError as e:
         ap.error(str(e))
     if run.data.lower() in DATASETS:
         run.data = name
+    run.recipe_note = None  # not a setting: why a run without --recipe took its recipe
+    if run.recipe is None:
+        run.recipe, run.recipe_note = default_recipe(run.model)
+    given = {k for k, v in vars(run).items() if v is not None}
     for k, v in presets[run.recipe][run.data if run.data in DATASETS else "own"].items():
-        if getattr(run, k) is None:
+        # A recipe's one-of-head-or-tail goes with its own negatives, not with the ones given.
+        if getattr(run, k) is None and not (k == "either_side" and "negatives" in given):
             setattr(run, k, v)
-    for k, v in FALLBACKS.items():  # what neither the command line nor the recipe set
+    fallbacks = FALLBACKS | (LORA_FALLBACKS if run.method == "lora" else {})
+    for k, v in fallbacks.items():  # what neither the command line nor the recipe set
         if getattr(run, k) is None:
             setattr(run, k, v)
     check_run(ap, run)
-    if run.finetune:  # the paper's Finetuning row: the recipe's prompts, calibration and W_p off
-        run.prompts, run.calib, run.no_wp = (0, 0, 0), (), True
+    # Every method but PALT leaves PALT's parts out; prompt tuning keeps the prompt tokens.
+    if run.method != "palt":
+        run.calib, run.no_wp = (), True
+    if run.method not in ("palt", "prompt"):
+        run.prompts, run.prompt_mlp = (0, 0, 0), False
+    if run.method == "prompt" and not sum(run.prompts):  # the recipe has none: the paper's
+        run.prompts = PROMPT_TUNING_PROMPTS
+    run.finetune = run.method == "finetune"  # the alias, as the record shows it
     check_seq_length(run.max_seq_length, sum(run.prompts))
     run.out = run.out or f"runs/{name}-{Path(run.model).name}"
     return run
+
+
+def default_recipe(model):
+    """(recipe, why in one line) of a run without --recipe: paper for a model with a pretrained
+    NSP head (the paper's BERT), tuned for one without (MiniLM: what our searches found for it)."""
+    name = Path(model).name
+    if has_nsp_head(model):
+        return "paper", f"recipe paper: {name} has a pretrained NSP head, the paper's setting"
+    return "tuned", (f"recipe tuned: {name} has no pretrained NSP head, so it takes what our "
+                     "searches found for MiniLM (--recipe paper: the paper's BERT settings)")
+
+
+# What each method trains beside the heads a model without an NSP head must train.
+METHOD_TRAINS = {"finetune": "the whole LM", "lora": "low-rank updates of q and v",
+                 "bitfit": "the encoder's biases", "prompt": "prompt tokens alone",
+                 "probe": "the head alone"}
+
+
+def check_method(ap, run):
+    """--method against the flags given with it, in one argparse error: --finetune is its alias;
+    PALT's parts (--prompts, --calib, --prompt-mlp) go with palt alone (prompts and their MLP with
+    prompt tuning too); --lora-rank and --lora-alpha with lora."""
+    if run.finetune and run.method not in (None, "finetune"):
+        ap.error(f"--finetune is --method finetune: give one method, not --method {run.method} "
+                 "too")
+    if run.finetune:
+        run.method = "finetune"
+    method = run.method or "palt"
+    if method != "lora" and (run.lora_rank is not None or run.lora_alpha is not None):
+        ap.error(f"--lora-rank and --lora-alpha shape --method lora's updates: not --method "
+                 f"{method}")
+    if method == "palt":
+        return
+    given = []
+    if sum(run.prompts or ()) and method != "prompt":
+        given.append("--prompts")
+    if run.calib:
+        given.append("--calib")
+    if run.prompt_mlp and method != "prompt":
+        given.append("--prompt-mlp")
+    if given:
+        which = "--finetune" if run.finetune else f"--method {method}"
+        ap.error(f"{which} trains {METHOD_TRAINS[method]} and none of PALT's parts: drop "
+                 + ", ".join(given[:-1]) + (" and " if len(given) > 1 else "") + given[-1])
+    if method == "prompt" and run.prompts is not None and not sum(run.prompts):
+        ap.error("--method prompt trains prompt tokens alone: --prompts 0,0,0 leaves none")
 
 
 def check_run(ap, run):
@@ -289,6 +365,8 @@ def announce(run, kg, model, where, print0, presets):
     print0(f"{kg.name}: {len(kg.train):,} train triples, {len(kg.entities):,} entities, text "
            f"{kg.text_file} | {Path(run.model).name}: tunable {r['tunable']:,} of {r['total']:,} "
            f"({r['percent']:.2f}%) {r['parts']} | {where}")
+    if getattr(run, "recipe_note", None):
+        print0(run.recipe_note)
     if run.data not in DATASETS:
         own = ", ".join(f"{k} {getattr(run, k)}" for k in presets[run.recipe]["own"])
         print0(f"settings for a graph of one's own (PRESETS['{run.recipe}']['own'], flags win): "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
 import bert
@@ -122,6 +123,19 @@ def model_dir(name_or_path):
                             f"{', '.join(HUB_FILES)} from the hub's {HUB_MODELS[name_or_path]} "
                             f"into {target}/") from None
     return target
+
+
+def has_nsp_head(name_or_path):
+    """Whether a base model has a pretrained NSP head (BERT does; a sentence-embedding model such as
+    MiniLM does not), from its checkpoint's key names, nothing loaded or downloaded; False where
+    the checkpoint cannot be read (loading it later says why)."""
+    if name_or_path in HUB_MODELS:
+        return True
+    try:
+        with safe_open(model_dir(name_or_path) / "model.safetensors", framework="pt") as f:
+            return any(key.endswith("seq_relationship.weight") for key in f.keys())
+    except (DownloadError, OSError, SafetensorError):
+        return False
 
 
 @dataclass

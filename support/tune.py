@@ -11,12 +11,13 @@ point resumes with the same command.
     python -m support.tune --report --out runs/tune-umls-palt  (top trials, importances: markdown)
     python -m support.tune --data wn11 --positives 25600 ...  (trials of 25,600 positives each)
 
-SPACE (in this file) is what is searched, one row a train.py flag: a range (log: on a log scale)
-or choices, for each method (palt; finetune: the whole LM, train.py --finetune). --space narrows or
-moves rows (name=low:high, name=value, name=a|b|c); --max-epochs caps the epochs of both methods
-alike. Every trial trains as `python train.py ... --seed S --out OUT/trials/N`, one seed for all
-(--seed, 42); its value is its best dev figure at an epoch's end (MRR on link prediction, accuracy
-on triple classification), the one train.py keeps best.safetensors by. Each dev point goes to
+SPACE (in this file) is what is searched for each method (train.py --method: palt, finetune, lora,
+bitfit, prompt, probe), one train.py flag an item: a range (KIND log: on a log scale) or choices.
+--space narrows or moves items (name=low:high, name=value, name=a|b|c); --max-epochs caps the
+epochs of every method alike. Every trial trains as `python train.py ... --seed S --out
+OUT/trials/N`, one seed for all (--seed, 42); its value is its best dev figure at an epoch's end
+(MRR on link prediction, accuracy on triple classification), the one train.py keeps
+best.safetensors by. Each dev point goes to
 Optuna at step 1000 x its epoch (epochs in thousandths, so that recipes of other batch sizes meet
 at the same steps), where the pruner ends a trial that falls behind (--pruner median: below the
 median of the finished trials at that step, once --startup-trials have finished; halving:
@@ -79,25 +80,58 @@ STOP = []  # the signals received (SIGINT, SIGTERM): the search ends once its tr
 # are the model's own layers.
 # A choice may carry a further flag: the authors' one negative a positive, of its head or its tail.
 EITHER = "1,0,1 --either-side"
-SPACE = [  # name, kind, palt, finetune
-    ("lr",        "log",    (1e-5, 3e-3),                     (1e-5, 3e-4)),
-    ("head_lr",   "log",    (1e-5, 3e-3),                     None),
-    ("batch",     "choice", (8, 16, 32),                      (8, 16, 32)),
-    ("negatives", "choice", ("1,1,1", "5,5,5", EITHER),       ("1,1,1", "5,5,5", EITHER)),
-    ("epochs",    "int",    (1, 8),                           (1, 8)),
-    ("warmup",    "float",  (0.0, 0.2),                       (0.0, 0.2)),
-    ("prompts",   "choice", ("2,0,0", "10,10,10", "0,0,0"),   None),
-    ("calib",     "choice", ("middle,last", "last", "none"),  None),
-    ("adam_beta2", "choice", (0.999, 0.98),                   (0.999, 0.98)),
-    ("adam_eps",  "choice", (1e-8, 1e-6),                     (1e-8, 1e-6)),
-    ("head_input", "choice", ("cls", "mean"),                 ("cls", "mean")),
-]
-METHODS = ("palt", "finetune")  # SPACE's last two columns
-# what a method sets beside its space (flags.parse_args gives --finetune no prompts, calib or W_p)
-METHOD_FLAGS = {"palt": [], "finetune": ["--finetune"]}
+# How each parameter is drawn, in the order the sampler draws them (the older studies' order first,
+# so that their draws stay the same): log, a float on a log scale from low to high; float, int:
+# uniform from low to high; choice: one of them.
+KIND = dict(
+    lr="log",
+    head_lr="log",
+    batch="choice",
+    negatives="choice",
+    epochs="int",
+    warmup="float",
+    prompts="choice",
+    calib="choice",
+    adam_beta2="choice",
+    adam_eps="choice",
+    head_input="choice",
+    lora_rank="choice",
+    lora_alpha="choice",
+)
+# What every method searches alike.
+COMMON = dict(
+    batch=(8, 16, 32),  # positives a step
+    negatives=("1,1,1", "5,5,5", EITHER),  # ours; the paper's; the authors' scripts'
+    epochs=(1, 8),  # --max-epochs caps it
+    warmup=(0.0, 0.2),  # a fraction of the steps
+    adam_beta2=(0.999, 0.98),  # AdamW's default; the authors' scripts'
+    adam_eps=(1e-8, 1e-6),  # AdamW's default; the authors' scripts'
+    head_input=("cls", "mean"),  # what the head reads: BERT's [CLS], or MiniLM's mean
+)
+HEAD_LR = (1e-5, 3e-3)  # the pooler and new NSP head of a model without one, at their own lr
+# SPACE[method]: the train.py flags it searches (a field of flags.Run) and their ranges or choices.
+# calib's middle and last are the model's own layers.
+SPACE = {
+    "palt": dict(COMMON, lr=(1e-5, 3e-3), head_lr=HEAD_LR,
+                 prompts=("2,0,0", "10,10,10", "0,0,0"),  # WN11's; the paper's; none
+                 calib=("middle,last", "last", "none")),
+    # The whole LM moves: a small lr. Its first searches stopped at 3e-4 and their best trials lay
+    # near the top, so the range now goes to 1e-3.
+    "finetune": dict(COMMON, lr=(1e-5, 1e-3)),
+    "lora": dict(COMMON, lr=(1e-5, 3e-3), head_lr=HEAD_LR,
+                 lora_rank=(4, 8, 16),  # the LoRA paper's ranks on GPT-3 went from 1 to 64
+                 lora_alpha=(8.0, 16.0, 32.0)),
+    "bitfit": dict(COMMON, lr=(1e-5, 3e-3), head_lr=HEAD_LR),
+    "prompt": dict(COMMON, lr=(1e-5, 3e-3), head_lr=HEAD_LR,
+                   prompts=("2,0,0", "10,10,10")),  # as PALT's, with some
+    "probe": dict(COMMON, lr=(1e-5, 3e-3)),  # only heads train: one lr
+}
+METHODS = tuple(SPACE)
+# what a method sets beside its space (flags.parse_args gives finetune no prompts, calib or W_p)
+METHOD_FLAGS = {m: ["--method", m] for m in METHODS} | {"palt": [], "finetune": ["--finetune"]}
 # train.py's flags that the search sets itself; the searched ones are refused after -- as well
 OWN_FLAGS = ("data", "model", "recipe", "data_dir", "seed", "out", "resume", "finetune",
-             "dev_limit")
+             "method", "dev_limit")
 
 
 class TuneError(ValueError):
@@ -221,25 +255,24 @@ def layer_count(model):
 
 
 def search_space(method, space_texts, max_epochs, model, positives=None):
-    """The method's Params: SPACE's column, --max-epochs, then --space's items (refused in one
+    """The method's Params: SPACE[method], --max-epochs, then --space's items (refused in one
     line: an unknown parameter, one the method does not search, an empty range); under
     --positives no epochs (the budget sets each trial's length)."""
-    column = 2 + METHODS.index(method)
-    rows = {row[0]: row for row in SPACE}
+    space = SPACE[method]
     given = {}
     for text in space_texts:
         given |= split_space(text)
     for name in given:
-        if name not in rows:
+        if name not in KIND:
             raise TuneError(f"--space {name}: unknown parameter (the search knows "
-                            f"{', '.join(rows)})")
-        if rows[name][column] is None:
+                            f"{', '.join(KIND)})")
+        if name not in space:
             raise TuneError(f"--space {name}: --method {method} does not search it")
         if name == "epochs" and positives:
             raise TuneError(f"--space epochs: --positives {positives} sets each trial's length")
     params = []
-    for name, kind, *columns in SPACE:
-        values = columns[column - 2]
+    for name, kind in KIND.items():
+        values = space.get(name)
         if values is None or (name == "epochs" and positives):
             continue
         if name == "epochs" and max_epochs:
@@ -417,7 +450,7 @@ def search_record(args, out):
     """What makes two searches one study: train.py's settings that are not searched (data,
     model, method, seed, recipe, the flags after --), as the trials' checkpoints record them."""
     record = flags.recorded(parse_train(train_argv(args, {}, out, budget=False)))
-    skip = {row[0] for row in SPACE} | {"out", "resume"}
+    skip = set(KIND) | {"out", "resume"}
     record = {k: v for k, v in record.items() if k not in skip}
     if args.positives:
         record["positives"] = args.positives
@@ -645,7 +678,7 @@ def row_of(t):
 def write_table(study, out):
     """out/trials.tsv, rewritten atomically: a row a trial, its settings a column each."""
     rows = [row_of(t) for t in study.get_trials(deepcopy=False)]
-    names = [row[0] for row in SPACE if any(row[0] in r["settings"] for r in rows)]
+    names = [name for name in KIND if any(name in r["settings"] for r in rows)]
     lines = ["\t".join(["number", "state", "value", *names, "dev", "steps", "wall_s", "note"])]
     for r in rows:
         cells = [r["number"], r["state"], r["value"], *(r["settings"].get(n, "") for n in names),
@@ -760,7 +793,7 @@ def report(out, top=5):
     if not complete:
         return "\n".join([*lines, "no trial is complete yet"]) + "\n"
     metric = complete[0].user_attrs.get("metric", "dev")
-    names = [row[0] for row in SPACE if row[0] in complete[0].params]
+    names = [name for name in KIND if name in complete[0].params]
     lines.append("| trial | dev " + metric + " | " + " | ".join(names) + " | dev by epoch | s |")
     lines.append("|" + "---|" * (len(names) + 4))
     for t in complete[:top]:
@@ -806,7 +839,7 @@ def parse_args(argv=None):
     ap.add_argument("--data", help="a benchmark, or a folder with train.tsv (required but for "
                     "--report)")
     ap.add_argument("--method", choices=METHODS, default="palt",
-                    help="palt (its space), or finetune (the whole LM, train.py --finetune)")
+                    help="train.py's --method, each with its own space (SPACE)")
     ap.add_argument("--trials", type=whole, default=40, help="trials in the study, all workers "
                     "together (default 40)")
     ap.add_argument("--out", help="the search's folder (default runs/tune-<data>-<method>)")

@@ -288,7 +288,8 @@ CASES = [
       ("{run}/state.safetensors", "with lr 0.003, not 0.001")),
     C("resume-other-dataset", "--resume of a umls run on wn11", train("--resume", "--data", "wn11", out="{run}"),
       ("{run}/state.safetensors", "with data umls, not wn11")),
-    C("resume-other-model", "--resume with another base model", train("--resume", "--model", "{headless}", out="{run}"),
+    C("resume-other-model", "--resume with another base model", train("--resume", "--model", "{headless}", "--recipe", "paper",
+                                                                             out="{run}"),
       ("{run}/state.safetensors", "weights_sha256")),
     # --------------------------------------------------------------- evaluate.py: flags
     C("eval-data-unknown", "an unknown dataset", evaluate("--lp", "--data", "nosuch"), ("--data nosuch: neither a benchmark",), ARGPARSE),

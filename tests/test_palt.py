@@ -99,25 +99,23 @@ def test_heads_to_train_train_and_finetune_trains_everything(base, tmp_path):
 
 
 def test_finetune_trains_the_lm_and_nothing_else_whatever_calib_layers_holds(base):
-    """calib_layers=None means the middle and last layer for PALT, and no calibration under finetune=True: finetune
-    never quietly trains a PALT part beside the LM."""
+    """calib_layers=None means the middle and last layer for PALT, and no calibration under method='finetune':
+    finetune never quietly trains a PALT part beside the LM."""
     for calib_layers in (None, ()):
-        ft = PALT(load_bert(base).model, PaltConfig(prompts=(0, 0, 0), calib_layers=calib_layers, prompt_encoder=False,
-                                                    finetune=True))
+        ft = PALT(load_bert(base).model, PaltConfig(method="finetune", calib_layers=calib_layers))
         assert ft.calib_layers == () and len(ft.W_c) == 0 and ft.P is None and ft.W_p is None
-        assert all(p.requires_grad for p in ft.parameters()) and list(param_report(ft)["parts"]) == ["bert"]
+        assert all(p.requires_grad for p in ft.parameters())
+        assert list(param_report(ft)["parts"]) == ["bert", "bert.pooler", "bert.nsp"]
         assert param_report(ft)["percent"] == 100
 
 
 @pytest.mark.parametrize("part", [dict(calib_layers=(1,)), dict(prompts=(1, 0, 0)), dict(prompt_encoder=True),
                                   dict(prompt_mlp=True)])
 def test_finetune_with_a_palt_part_is_refused_in_one_line(base, part):
-    cfg = PaltConfig(**(dict(prompts=(0, 0, 0), prompt_encoder=False, finetune=True) | part))
-    with pytest.raises(ConfigError, match=r"^PaltConfig\(finetune=True\) trains the LM alone: ") as e:
+    cfg = PaltConfig(**(dict(method="finetune") | part))
+    with pytest.raises(ConfigError, match=r"^PaltConfig\(method='finetune'\) has no ") as e:
         PALT(load_bert(base).model, cfg)
     assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError):
-        PALT(load_bert(base).model, PaltConfig(finetune=True))  # the defaults hold prompts and W_p
 
 
 def test_parameter_count_matches_the_paper_for_bert_base():

@@ -203,7 +203,7 @@ def test_a_trial_behind_the_median_at_its_first_dev_point_is_pruned_there(bert_d
 
 @pytest.mark.parametrize("space, extra, said", [
     ("momentum=0.9:0.99", [], "--space momentum: unknown parameter (the search knows lr, head_lr, batch, negatives, "
-                              "epochs, warmup, prompts, calib, adam_beta2, adam_eps, head_input)"),
+                              "epochs, warmup, prompts, calib, adam_beta2, adam_eps, head_input, lora_rank, lora_alpha)"),
     ("lr=1e-3:1e-4", [], "--space lr=1e-3:1e-4: an empty range (0.001 > 0.0001)"),
     ("epochs=4:3", [], "--space epochs=4:3: an empty range (4 > 3)"),
     ("epochs=", [], "--space epochs=: no values (give low:high, a value, or choices a|b)"),
@@ -327,3 +327,16 @@ def test_try_recipe_trains_the_recipes_own_settings_once_and_refuses_one_outside
     assert status == 0, stderr
     first, second = study_of(out).get_trials()
     assert second.params != first.params and table(out)[1]["note"] == ""
+
+
+def test_each_method_searches_its_own_parts(bert_dir):
+    """LoRA searches its rank and alpha, prompt tuning its prompts, a probe one lr (only heads train), finetuning
+    lr up to 1e-3; a trial's train.py line names the method."""
+    names = {m: [p.name for p in tune.search_space(m, [], 4, str(bert_dir))] for m in tune.METHODS}
+    assert {"lora_rank", "lora_alpha", "head_lr"} <= set(names["lora"]) and "prompts" not in names["lora"]
+    assert "prompts" in names["prompt"] and "calib" not in names["prompt"]
+    assert "head_lr" not in names["probe"] and "head_lr" not in names["finetune"]
+    assert set(names["bitfit"]) == set(names["probe"]) | {"head_lr"}
+    lr = next(p for p in tune.search_space("finetune", [], 4, str(bert_dir)) if p.name == "lr")
+    assert lr.values == (1e-5, 1e-3)
+    assert tune.METHOD_FLAGS["lora"] == ["--method", "lora"] and tune.METHOD_FLAGS["finetune"] == ["--finetune"]
