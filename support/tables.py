@@ -13,7 +13,6 @@ import importlib.util
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -405,9 +404,9 @@ def retrained_pairings() -> str:
                     unknown.add(f"`{state}`")
     said = []
     if odd:
-        said.append(f"The paired gaps marked retrained rank checkpoints trained again with the same "
-                    f"command and seed, not those of the rows' JSONs (their `checkpoint_sha256` "
-                    f"differ): {', '.join(sorted(odd))}.")
+        said.append(f"The paired gaps marked retrained rank checkpoints trained again with the "
+                    f"same command and seed, not those of the rows' JSONs (their "
+                    f"`checkpoint_sha256` differ): {', '.join(sorted(odd))}.")
     if unknown:
         said.append(f"Those marked unrecorded pair states whose row's JSON names no checkpoint, so "
                     f"that which checkpoint they ranked cannot be checked: "
@@ -448,7 +447,8 @@ def out(text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """cog over README.md and RESULTS.md: rewrite them (-r), or --check them."""
     from cogapp import Cog
-    ap = argparse.ArgumentParser(prog="python -m support.tables", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m support.tables",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
                     help="rewrite nothing: fail where a table differs from what the data gives")
     ap.add_argument("files", nargs="*", default=[str(files.ROOT / d) for d in DOCUMENTS])
