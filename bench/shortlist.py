@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import data, evaluate  # noqa: E402
 from support import checkpoints, devices, evalcli, files, graphs, predict  # noqa: E402
 from support.bigrank import select  # noqa: E402
+from support.manifest import manifest  # noqa: E402
 
 TOP = 100  # the exact top 10 and a little more (measure reads the top 10)
 
@@ -144,7 +145,8 @@ def table(args):
     ckpt = f"weights/palt-{args.data}-minilm.safetensors"  # the shipped adapter: how it was trained, below
     result = dict(command="python bench/shortlist.py measure --data " + args.data, data=args.data, ckpt=ckpt,
                   train=evalcli.train_summary(checkpoints.read_checkpoint(files.ROOT / ckpt, tensors=False)[1]),
-                  sizes=summary, built_parts=len(built), built_s=sum(built))
+                  sizes=summary, built_parts=len(built), built_s=sum(built),
+                  manifest=manifest(argv=sys.argv, data_files=evalcli.data_files(graphs.load_kg(args.data))))
     if out.exists():  # a latency figure stays
         result |= {k: v for k, v in json.loads(out.read_text()).items() if k == "latency"}
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
@@ -182,7 +184,7 @@ def latency(args):
     result.setdefault("latency", {})[str(args.size)] = dict(
         command=command, size=args.size, queries=len(seconds), threads=torch.get_num_threads(), dtype=dtype,
         load_average_1min=loadavg, median_s=float(np.median(seconds)), p90_s=float(np.percentile(seconds, 90)),
-        max_s=float(np.max(seconds)))
+        max_s=float(np.max(seconds)), manifest=manifest(argv=sys.argv, data_files=evalcli.data_files(kg)))
     if before:
         result["latency"][str(args.size)] |= dict(command=command + " --baseline", stop44_median_s=float(np.median(
             before)), stop44_p90_s=float(np.percentile(before, 90)), stop44_design="5 rounds, 1,000, batches of any size")
@@ -256,7 +258,8 @@ def variants(args):
     result = dict(command=f"python bench/shortlist.py variants --data {kg.name} --sizes "
                   + ",".join(map(str, args.sizes)), queries=len(queries), ckpt=files.project_path(ckpt),
                   train=evalcli.train_summary(checkpoints.read_checkpoint(ckpt, tensors=False)[1]),
-                  shipped=f"{predict.ROUNDS} rounds, best {predict.SETTLE} settled for {predict.PATIENCE}", designs=table)
+                  shipped=f"{predict.ROUNDS} rounds, best {predict.SETTLE} settled for {predict.PATIENCE}", designs=table,
+                  manifest=manifest(argv=sys.argv, data_files=evalcli.data_files(kg)))
     files.write_atomic(out, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
 
 

@@ -15,6 +15,7 @@ import data
 import palt
 from data import DataError
 from support import files, graphs, predict
+from support.manifest import manifest
 from support.checkpoints import checkpoint_file, load_checkpoint, read_checkpoint
 from support.devices import DTYPES
 from support.files import OutputError
@@ -313,6 +314,11 @@ def quiet_on_broken_pipe(main):
         sys.exit(1)
 
 
+def data_files(kg) -> list[Path]:
+    """The files a graph was read from: its splits and its entity and relation texts."""
+    return [*kg.split_files.values(), kg.folder / kg.text_file, kg.folder / "relation2text.txt"]
+
+
 def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_size):
     """Prints the metrics and writes the results JSON (its command, data, model, metrics, how the
     checkpoint was trained, the settings); a full ranking's state is removed once written."""
@@ -332,6 +338,8 @@ def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_siz
                   checkpoint_sha256=checkpoint, base_weights_sha256=info["weights_sha256"],
                   data_fingerprint=kg.fingerprint, **result,
                   wall_s=round(time.time() - t0, 2), train=train_summary(meta), settings=settings)
+    result["manifest"] = manifest(argv=["evaluate.py", *map(str, argv or sys.argv[1:])],
+                                  data_files=data_files(kg), device=scorer.device)
     name = kg.name + (" (estimate)" if result["estimate"] else "")
     row = [name, info["model"], info["ckpt"] or "zero-shot"]
     # shown even if the write fails

@@ -21,7 +21,8 @@ best.safetensors by. Each dev point goes to
 Optuna at step 1000 x its epoch (epochs in thousandths, so that recipes of other batch sizes meet
 at the same steps), where the pruner ends a trial that falls behind (--pruner median: below the
 median of the finished trials at that step, once --startup-trials have finished; halving:
-successive halving; none): its train.py is killed, and the trial counts as pruned.
+successive halving; none): its train.py is killed, and the trial counts as pruned. A trial's
+last dev point (after its planned epochs) is never pruned: it has trained in full, complete.
 
 OUT holds study.db (Optuna's storage: settings and dev figures, no weights), trials.tsv (a row a
 trial: number, state, value, settings, the dev figure at each epoch, steps, wall seconds; rewritten
@@ -34,7 +35,9 @@ train.py save first; where the search dies at once, the kernel ends its train.py
 
 --join: a second search on the same OUT (without it, a folder in use is refused) works on the same
 study beside the first, one trial a worker at a time: on another core, or on another machine that
-sees OUT on a shared file system with working locks. optuna is an optional extra, as matplotlib
+sees OUT on a shared file system with working locks. Each worker's sampler is seeded (--seed,
+plus 1000 x its index, plus the trials the study held), the seed kept in the study's user attrs
+(workers), so that its draws can be drawn again. optuna is an optional extra, as matplotlib
 is for plot.py: pip install optuna.
 """
 import argparse
@@ -483,13 +486,24 @@ def open_study(out, args, params):
                 said = (f"--space {p.name}: {out} searched it in {d}; a study keeps a choice's "
                         "choices and a range's scale: choose another --out")
                 raise TuneError(said) from None
-    # the lead's draws are seeded, and differ after a resume; a joining worker's are its own
-    seed = None if args.join else args.seed + len(trials)
-    study.sampler = optuna.samplers.TPESampler(seed=seed)
+    study.sampler = optuna.samplers.TPESampler(seed=worker_seed(study, args, len(trials)))
     study.pruner = {"median": optuna.pruners.MedianPruner(n_startup_trials=args.startup_trials),
                     "halving": optuna.pruners.SuccessiveHalvingPruner(),
                     "none": optuna.pruners.NopPruner()}[args.pruner]
     return study
+
+
+def worker_seed(study, args, n_trials):
+    """The sampler's seed of the worker that opens the study now, recorded in the study's user
+    attrs ("workers": index, seed, trials at its start, whether it joined), so that each worker's
+    draws can be drawn again: --seed, plus 1000 x the worker's index (0: the lead, then each
+    --join in turn), plus the trials the study held, so that a resumed worker draws afresh."""
+    workers = study.user_attrs.get("workers", [])
+    index = sum(1 for w in workers if w["joined"]) + 1 if args.join else 0
+    seed = args.seed + 1000 * index + n_trials
+    record = dict(index=index, seed=seed, trials_before=n_trials, joined=bool(args.join))
+    study.set_user_attr("workers", [*workers, record])
+    return seed
 
 
 def next_trial(study, out, params, n_trials):
@@ -590,6 +604,8 @@ def run_trial(trial, before, settings, args, folder):
         else:  # killed before its first save: what it wrote goes
             for f in (*folder.glob("*.safetensors"), folder / "log.txt"):
                 f.unlink(missing_ok=True)
+    planned = parse_train(argv).epochs  # its last dev point comes after this epoch
+    trial.set_user_attr("epochs", planned)
     t0 = time.time()
     # where it trains: a resumed trial adds a machine for each segment
     machines = before.user_attrs.get("machines", []) if before is not None else []
@@ -608,7 +624,9 @@ def run_trial(trial, before, settings, args, folder):
                 reported.add(step)
                 trial.set_user_attr("metric", p["metric"])
                 trial.set_user_attr("wall_s", wall0 + time.time() - t0)
-                if trial.should_prune():
+                # The point at the planned end is the trial's last: it has trained in full
+                # whatever the pruner says, and finishes as complete.
+                if p["epoch"] < planned and trial.should_prune():
                     end(child, signal.SIGKILL)
                     return TrialState.PRUNED, None, steps, notes(note, f"pruned at epoch "
                                                                 f"{p['epoch']:g}")
@@ -664,12 +682,54 @@ STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING
           "WAITING": "waiting"}
 
 
+def trained_in_full(t) -> bool:
+    """Whether a trial reached its planned end: complete, or pruned at its last dev point (a study
+    written before a trial's last point was spared the pruner: it had trained in full all the
+    same). The planned epochs are the trial's record, else its epochs setting; a budget search of
+    before (--positives) has its only dev point at a whole epoch at its end."""
+    TrialState = optuna.trial.TrialState
+    if t.state == TrialState.COMPLETE:
+        return True
+    if t.state != TrialState.PRUNED or not t.intermediate_values:
+        return False
+    last = max(t.intermediate_values)
+    planned = t.user_attrs.get("epochs", t.params.get("epochs"))
+    if planned is None:
+        return last % STEPS_AN_EPOCH == 0
+    return last >= planned * STEPS_AN_EPOCH
+
+
+def state_of(t) -> str:
+    """A trial's state as the table says it: one that trained in full is complete."""
+    return "complete" if trained_in_full(t) else STATES[t.state.name]
+
+
+def value_of(t) -> float | None:
+    """A trial's value: Optuna's for a complete one; for one pruned at its last dev point, its best
+    dev figure at an epoch's end, as a complete trial's value is."""
+    if t.state == optuna.trial.TrialState.COMPLETE or not trained_in_full(t):
+        return t.value
+    return max(v for step, v in t.intermediate_values.items() if step % STEPS_AN_EPOCH == 0)
+
+
+def finished_trials(study) -> list:
+    """The trials that trained in full, as complete FrozenTrials (value_of's value), best first."""
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        if trained_in_full(t):
+            out.append(optuna.trial.create_trial(
+                params=t.params, distributions=t.distributions, value=value_of(t),
+                intermediate_values=t.intermediate_values, user_attrs=t.user_attrs))
+            out[-1].number = t.number
+    return sorted(out, key=lambda t: (-t.value, t.number))
+
+
 def row_of(t):
     """A trial's cells: number, state, value, settings {name: text}, dev, steps, wall, note."""
     dev = " ".join(f"{step / STEPS_AN_EPOCH:g}:{v:.4f}"
                    for step, v in sorted(t.intermediate_values.items()))
-    value = "" if t.value is None else f"{t.value:.4f}"
-    return dict(number=str(t.number), state=STATES[t.state.name], value=value,
+    value = "" if value_of(t) is None else f"{value_of(t):.4f}"
+    return dict(number=str(t.number), state=state_of(t), value=value,
                 settings={k: flag_text(v) for k, v in t.params.items()}, dev=dev,
                 steps=str(t.user_attrs.get("steps", "")),
                 wall_s=f"{t.user_attrs.get('wall_s', 0):.0f}", note=t.user_attrs.get("note", ""))
@@ -752,18 +812,23 @@ def search(args):
         files.release_folder(out)
 
 
+def counts_text(trials) -> str:
+    """'14 complete, 16 pruned': the trials by state_of, the states that occur."""
+    counts = {s: 0 for s in STATES.values()}
+    for t in trials:
+        counts[state_of(t)] += 1
+    return ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+
+
 def summary(study, args, out):
     """The counts, the best trial and its train.py line (also out/best.txt)."""
     trials = study.get_trials(deepcopy=False)
-    counts = {s: 0 for s in STATES.values()}
-    for t in trials:
-        counts[STATES[t.state.name]] += 1
-    said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if not complete:
+    said = counts_text(trials)
+    finished = finished_trials(study)
+    if not finished:
         print(f"{len(trials)} trials ({said}) in {out}/trials.tsv; none complete", flush=True)
         return
-    best = study.best_trial
+    best = finished[0]
     line = train_line(args, best.params, out / "best")
     files.write_atomic(out / "best.txt", lambda f: f.write((line + "\n").encode()))
     print(f"{len(trials)} trials ({said}) in {out}/trials.tsv; best trial {best.number}, dev "
@@ -777,26 +842,25 @@ def report(out, top=5):
     (Optuna's fANOVA importances over the complete trials, seeded)."""
     if not (out / "study.db").is_file():
         raise TuneError(f"--report: {out} holds no study.db")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.RDBStorage(f"sqlite:///{(out / 'study.db').resolve()}")
     study = optuna.load_study(study_name="tune", storage=storage)
     trials = study.get_trials(deepcopy=False)
-    counts = {s: 0 for s in STATES.values()}
-    for t in trials:
-        counts[STATES[t.state.name]] += 1
     hours = sum(t.user_attrs.get("wall_s", 0) for t in trials) / 3600
     machines = sorted({m for t in trials for m in t.user_attrs.get("machines", [])})
     lines = [f"{out}: {len(trials)} trials "
-             f"({', '.join(f'{n} {s}' for s, n in counts.items() if n)}), "
+             f"({counts_text(trials)}), "
              f"{hours:.1f} h of trials on {'; '.join(machines) or 'machines not recorded'}", ""]
-    complete = sorted((t for t in trials if t.state == optuna.trial.TrialState.COMPLETE),
-                      key=lambda t: t.value, reverse=True)
+    complete = finished_trials(study)
     if not complete:
         return "\n".join([*lines, "no trial is complete yet"]) + "\n"
     metric = complete[0].user_attrs.get("metric", "dev")
     names = [name for name in KIND if name in complete[0].params]
     lines.append("| trial | dev " + metric + " | " + " | ".join(names) + " | dev by epoch | s |")
     lines.append("|" + "---|" * (len(names) + 4))
-    for t in complete[:top]:
+    # The top trials, and any that ties the last of them at the figure shown.
+    shown = [t for t in complete if round(t.value, 4) >= round(complete[:top][-1].value, 4)]
+    for t in shown:
         r = row_of(t)
         cells = [r["number"], r["value"], *(r["settings"][n] for n in names), r["dev"],
                  r["wall_s"]]
@@ -806,7 +870,10 @@ def report(out, top=5):
         return "\n".join([*lines, "importances need at least 2 complete trials"]) + "\n"
     try:
         evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
-        importances = optuna.importance.get_param_importances(study, evaluator=evaluator)
+        # Over the trials that trained in full, pruned at their last point ones included.
+        finished = optuna.create_study(direction="maximize")
+        finished.add_trials(complete)
+        importances = optuna.importance.get_param_importances(finished, evaluator=evaluator)
     except ImportError:  # Optuna's fANOVA stands on scikit-learn, an optional extra
         return "\n".join([*lines, "importances need scikit-learn: pip install scikit-learn"]) + "\n"
     said = ", ".join(f"{name} {value:.2f}" for name, value in importances.items())

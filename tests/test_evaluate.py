@@ -210,6 +210,8 @@ def test_lp_zero_shot_resume_and_two_processes_give_the_same_metrics(lp_root, ti
     assert "| umls | " in capsys.readouterr().out
     assert one["train"] is None and one["settings"]["text_file"] == "entity2text.txt"  # zero-shot: nothing trained
     assert one["command"] == " ".join(["python evaluate.py", *map(str, common), "--out", str(tmp_path / "one.json")])
+    assert one["manifest"]["argv"] == ["evaluate.py", *map(str, common), "--out", str(tmp_path / "one.json")]
+    assert {"umls/train.tsv", "umls/test.tsv", "umls/entity2text.txt"} <= set(one["manifest"]["data_sha256"])
     # blocks of 2 queries, the first one 1 (a quick first rate for the ETA): killed after 2 blocks, 3 queries; the
     # rerun does the other 7 and ends with the same metrics
     with pytest.raises(SystemExit, match="stopped after 3 queries"):

@@ -1,7 +1,7 @@
 """support.tune, the search of train.py's recipes on Optuna, on tests/example_kg and a tiny BERT: a search writes its
 study, its table and the best trial's train.py line; a search killed with SIGKILL resumes with the same command, its
 finished trials kept, its running one trained again with the same settings, no train.py left behind; a trial behind
-the median at its first dev point is pruned there; a bad --space, a folder in use, another search's folder are refused
+the median at its first dev point is pruned there, unless that point is its last; a bad --space, a folder in use, another search's folder are refused
 in one line."""
 import contextlib, io, os, re, shlex, subprocess, sys, time
 from pathlib import Path
@@ -199,6 +199,12 @@ def test_a_trial_behind_the_median_at_its_first_dev_point_is_pruned_there(bert_d
     log = (tmp_path / "trials" / "1" / "log.txt").read_text()
     assert "dev after epoch 1:" in log and "epoch 2/2" not in log  # its train.py ended at the dev point
     assert table(tmp_path)[1]["state"] == "pruned" and table(tmp_path)[1]["note"] == "pruned at epoch 1"
+    # A trial as far behind whose first dev point is its last has trained in full: complete, not pruned.
+    status, stdout, _ = main(command(bert_dir, tmp_path, *fixed, space=space.format(lr=1e-2, epochs=1), trials=3))
+    assert status == 0 and stdout.startswith("trial 2 complete"), stdout
+    last = study_of(tmp_path).get_trials()[2]
+    assert last.state == optuna.trial.TrialState.COMPLETE and last.user_attrs["epochs"] == 1
+    assert last.intermediate_values[1000] < good.intermediate_values[1000]
 
 
 @pytest.mark.parametrize("space, extra, said", [
@@ -340,3 +346,51 @@ def test_each_method_searches_its_own_parts(bert_dir):
     lr = next(p for p in tune.search_space("finetune", [], 4, str(bert_dir)) if p.name == "lr")
     assert lr.values == (1e-5, 1e-3)
     assert tune.METHOD_FLAGS["lora"] == ["--method", "lora"] and tune.METHOD_FLAGS["finetune"] == ["--finetune"]
+
+def frozen(number, state, points, epochs=None, attrs=None):
+    """A trial as Optuna stores it: its dev points {epoch: value}, its epochs setting (None: a budget search)."""
+    params = {"epochs": epochs} if epochs else {}
+    dists = {"epochs": optuna.distributions.IntDistribution(1, 4)} if epochs else {}
+    steps = {round(e * tune.STEPS_AN_EPOCH): v for e, v in points.items()}
+    value = max(points.values()) if state == optuna.trial.TrialState.COMPLETE else None
+    t = optuna.trial.create_trial(state=state, params=params, distributions=dists, value=value,
+                                  intermediate_values=steps, user_attrs=attrs or {})
+    t.number = number
+    return t
+
+
+def test_a_trial_pruned_at_its_last_dev_point_counts_as_complete_with_its_best_epoch_end():
+    """UMLS PALT's trial 13 of 2026-12-02: pruned at epoch 4 of 4, after it had trained in full."""
+    PRUNED, COMPLETE = optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.COMPLETE
+    at_end = frozen(13, PRUNED, {1: .3763, 2: .5014, 3: .6012, 4: .6192}, epochs=4)
+    early = frozen(5, PRUNED, {1: .2459}, epochs=3)
+    budget_end = frozen(7, PRUNED, {0.028: .75, 0.057: .77, 0.085: .78, 1: .79})  # --positives: ends at epoch 1
+    budget_early = frozen(8, PRUNED, {0.028: .60})
+    recorded = frozen(9, PRUNED, {1: .5, 2: .6}, epochs=4, attrs={"epochs": 2})  # the planned epochs it recorded
+    assert [tune.state_of(t) for t in (at_end, early, budget_end, budget_early, recorded)] == \
+        ["complete", "pruned", "complete", "pruned", "complete"]
+    assert tune.value_of(at_end) == .6192 and tune.value_of(early) is None and tune.value_of(budget_end) == .79
+    assert tune.state_of(frozen(1, COMPLETE, {1: .4, 2: .3}, epochs=2)) == "complete"
+    assert tune.counts_text([at_end, early, budget_early]) == "1 complete, 2 pruned"
+
+
+def test_the_report_counts_old_studies_by_that_rule_and_shows_ties():
+    """The committed UMLS PALT study: trial 13 (pruned at its epoch 4) counts as complete; trials 14 and 22 tie at
+    .7109 for the third place and both are shown."""
+    pytest.importorskip("sklearn")
+    text = tune.report(ROOT / "results" / "tune-umls-palt", top=3)
+    assert "30 trials (16 complete, 14 pruned)" in text
+    rows = [line.split(" | ")[0].strip("| ") for line in text.splitlines() if re.match(r"\| \d", line)]
+    assert rows == ["17", "28", "14", "22"]
+
+
+def test_every_worker_draws_from_a_seed_the_study_records():
+    """The lead draws from --seed plus the trials it found, each --join worker 1000 further on, each recorded."""
+    study = optuna.create_study(direction="maximize")
+    lead = tune.parse_args(["--data", EXAMPLE, "--seed", "7"])
+    join = tune.parse_args(["--data", EXAMPLE, "--seed", "7", "--join"])
+    assert tune.worker_seed(study, lead, 0) == 7
+    assert tune.worker_seed(study, join, 3) == 1010 and tune.worker_seed(study, join, 4) == 2011
+    assert tune.worker_seed(study, lead, 5) == 12  # the lead again, resumed
+    assert [(w["index"], w["seed"], w["joined"]) for w in study.user_attrs["workers"]] == \
+        [(0, 7, False), (1, 1010, True), (2, 2011, True), (0, 12, False)]

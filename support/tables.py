@@ -1,0 +1,460 @@
+"""The tables of README.md and RESULTS.md, written from results/ (the JSONs, the searches' study.db,
+the ranking states): cog blocks in the two files call the functions here, and
+
+    python -m support.tables           rewrites every table in place (cog -r)
+    python -m support.tables --check   fails where the committed text differs from the data
+
+so that no measured number is typed by hand. Figures: MRR and Hits@k as .789, MR as 2.29, accuracy
+in points as 89.72; "± sd" over seeds (sample sd), "[lo, hi]" a 95% bootstrap interval; a paired
+gap is B - A over the test triples both scored (bench/paired.py, seed 0, 10,000 resamples)."""
+import argparse
+import functools
+import importlib.util
+import json
+import statistics
+import sys
+
+import numpy as np
+
+from support import files
+
+RESULTS = files.ROOT / "results"
+DOCUMENTS = ("README.md", "RESULTS.md")
+RESAMPLES = 10_000
+
+# The papers' own figures (not ours): PALT's (Shen et al. 2022, Tables 2 and 3, BERT-base) and
+# KG-BERT's (Yao et al. 2019), as MR / Hits@10 or accuracy.
+PAPER = {"umls": ("1.65", ".988"), "wn11": ("93.3",), "fb13": ("91.3",),
+         "wn18rr": ("62", ".679"), "fb15k-237": ("149", ".434")}
+KG_BERT = {"umls": ("1.47", ".990"), "wn11": ("93.5",), "fb13": ("90.4",),
+           "wn18rr": ("97", ".524"), "fb15k-237": ("153", ".420")}
+
+# The shipped adapters: benchmark -> (its JSON, the one line that trains it again).
+SHIPPED = {
+    "umls": ("palt-umls-minilm", "python train.py --data umls --recipe cpu --seed 1 --dtype fp32"),
+    "wn11": ("palt-wn11-minilm", "python train.py --data wn11 --recipe tuned"),
+    "fb13": ("palt-fb13-minilm", "python train.py --data fb13 --recipe tuned"),
+    "wn18rr": ("palt-wn18rr-minilm", "python train.py --data wn18rr --recipe gpu"),
+    "fb15k-237": ("palt-fb15k-237-minilm",
+                  "python train.py --data fb15k-237 --recipe cpu --dtype fp32"),
+}
+NAMES = {"umls": "UMLS", "wn11": "WN11", "fb13": "FB13", "wn18rr": "WN18RR",
+         "fb15k-237": "FB15k-237"}
+SEEDS = (42, 1, 2)
+
+
+# ----------------------------------------------------------------------------- reading results/
+@functools.cache
+def result(name: str) -> dict:
+    """results/NAME.json."""
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def lp(name: str, metric: str) -> float:
+    """A link-prediction JSON's filtered, realistic figure, both sides."""
+    return result(name)["metrics"]["filtered"]["both"]["realistic"][metric]
+
+
+def accuracy(name: str, split: str = "test") -> float:
+    """A triple-classification JSON's accuracy in points."""
+    return 100 * result(name)["metrics"][f"{split}_accuracy"]
+
+
+def interval(name: str, metric: str) -> list[float] | None:
+    """The 95% bootstrap interval a sampled ranking's JSON holds, else None."""
+    return (result(name)["metrics"].get("interval95") or {}).get(metric)
+
+
+def bench(module: str):
+    """bench/MODULE.py as a module (bench/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(module, files.ROOT / "bench" / f"{module}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+# ----------------------------------------------------------------------------- formats
+def rate(x: float) -> str:
+    """.789 (MRR, Hits@k)."""
+    return f"{x:.3f}".replace("0.", ".", 1)
+
+
+def signed(x: float, fmt=rate) -> str:
+    """+.067, -.001."""
+    return ("+" if x >= 0 else "-") + fmt(abs(x))
+
+
+def points(x: float) -> str:
+    """89.72 (accuracy in points)."""
+    return f"{x:.2f}"
+
+
+def mr(x: float) -> str:
+    """2.29, 256 (MR: two decimals below 10, none above 100)."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.2f}"
+
+
+def mean_sd(values: list[float], fmt=rate) -> str:
+    """.757 ± .034 over seeds."""
+    return f"{fmt(statistics.mean(values))} ± {fmt(statistics.stdev(values))}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- paired gaps
+@functools.cache
+def paired_lp(a: str, b: str, metric: str = "mrr") -> tuple[float, list[float], int]:
+    """B - A of two ranking states (results/NAME.state), as bench/paired.py gives it: (gap,
+    [lo, hi], triples)."""
+    paired = bench("paired")
+    ra, _ = paired.ranks(RESULTS / f"{a}.state")
+    rb, _ = paired.ranks(RESULTS / f"{b}.state")
+    out = paired.paired(ra, rb, n_resamples=RESAMPLES)
+    _, _, gap, ci = out["both"][metric]
+    return gap, ci, out["triples"]
+
+
+@functools.cache
+def paired_tc(a: str, b: str) -> tuple[float, list[float]]:
+    """B - A in test accuracy (points) of two triple-classification JSONs, as bench/paired.py
+    gives it, its resamples drawn in chunks (the same draws, a fraction of the memory)."""
+    paired = bench("paired")
+    (ra, _), (rb, _) = paired.rights(RESULTS / f"{a}.json"), paired.rights(RESULTS / f"{b}.json")
+    rng = np.random.default_rng(0)
+    d = rb.astype(float) - ra
+    means = np.concatenate([d[rng.integers(0, len(d), size=(1000, len(d)))].mean(1)
+                            for _ in range(RESAMPLES // 1000)])
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return 100 * float(d.mean()), [100 * float(lo), 100 * float(hi)]
+
+
+def gap_text(gap: float, ci: list[float], fmt=rate) -> str:
+    """+.067 [+.050, +.085]."""
+    return f"{signed(gap, fmt)} [{signed(ci[0], fmt)}, {signed(ci[1], fmt)}]"
+
+
+def same_checkpoint(row: str, state: str) -> bool | None:
+    """Whether a ranking state ranked the checkpoint its table row's JSON names; None where either
+    names none (JSONs of before 2026-11-29 name the base model only)."""
+    settings = json.loads((RESULTS / f"{state}.state" / "settings.json").read_text())
+    ours, theirs = settings.get("checkpoint_sha256"), result(row).get("checkpoint_sha256")
+    return None if ours is None or theirs is None else ours == theirs
+
+
+# ----------------------------------------------------------------------------- what a run got
+def positives(name: str) -> int:
+    """Positive triples the evaluated checkpoint trained on: its steps x its batch."""
+    t = result(name)["train"]
+    return int(t["steps"]) * int(t["batch"])
+
+
+def budget(name: str) -> str:
+    """'8 epochs, 41.7k positives' of the evaluated checkpoint (its epoch of best dev)."""
+    t = result(name)["train"]
+    n = positives(name)
+    said = f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
+    return f"{t['epochs']} epoch{'s' if int(t['epochs']) > 1 else ''}, {said} positives"
+
+
+@functools.cache
+def search_counts(folder: str) -> tuple[int, str]:
+    """(trials, '16 complete, 14 pruned') of results/FOLDER's study, by support/tune.py's rule."""
+    import optuna
+
+    from support import tune
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{(RESULTS / folder / 'study.db').resolve()}")
+    trials = optuna.load_study(study_name="tune", storage=storage).get_trials(deepcopy=False)
+    return len(trials), tune.counts_text(trials)
+
+
+def trials_of(folder: str | None) -> str:
+    """'30 search trials' of a search, or 'no search'."""
+    return f"{search_counts(folder)[0]} search trials" if folder else "no search"
+
+
+# ----------------------------------------------------------------------------- the tables
+def shipped_row(data: str) -> tuple[str, str]:
+    """(figure, note) of a shipped adapter: MR, Hits@10 (MRR) or accuracy."""
+    name = SHIPPED[data][0]
+    r = result(name)
+    if r["task"] == "tc":
+        return points(accuracy(name)), f"best of {r['train']['epochs_scheduled']} epochs at " \
+                                        f"{r['train']['epochs']}"
+    figure = f"{mr(lp(name, 'mr'))}, {rate(lp(name, 'hits@10'))}"
+    ci = interval(name, "hits@10")
+    if ci:
+        figure += f" [{rate(ci[0])}, {rate(ci[1])}]"
+    note = f"MRR {rate(lp(name, 'mrr'))}"
+    if r["estimate"]:
+        note += f"; {r['counts']['ranked_triples']} test triples"
+    return figure, note
+
+
+def negatives_of(name: str) -> str:
+    """How the run drew its training negatives."""
+    if result(name)["train"].get("negative_filter") == "train":
+        return "train-only"
+    return "filtered with dev/test facts"
+
+
+def summary() -> str:
+    """RESULTS' summary: the paper, KG-BERT and each shipped adapter, its JSON and its command."""
+    rows = []
+    for data, (name, command) in SHIPPED.items():
+        figure, note = shipped_row(data)
+        rows.append([f"[{NAMES[data]}](#{data})", ", ".join(PAPER[data]), ", ".join(KG_BERT[data]),
+                     f"**{figure}** ({note})", negatives_of(name), f"`{name}`", f"`{command}`"])
+    return table(["benchmark", "paper: PALT, BERT-base", "KG-BERT", "ours: PALT, MiniLM, shipped",
+                  "negatives", "JSON", "train it again"], rows)
+
+
+def readme_results() -> str:
+    """README's results table: the paper's PALT and the shipped adapters, with RESULTS' links."""
+    rows = []
+    for data in SHIPPED:
+        figure, note = shipped_row(data)
+        metric = "accuracy" if result(SHIPPED[data][0])["task"] == "tc" else "MR, Hits@10"
+        rows.append([f"[{NAMES[data]}](RESULTS.md#{data}) ({metric})", ", ".join(PAPER[data]),
+                     f"{figure} ({note})"])
+    return table(["benchmark", "paper: PALT, BERT-base", "ours: PALT, MiniLM (shipped adapter)"],
+                 rows)
+
+
+def seeds_row(label: str, stem: str) -> list[str]:
+    """A UMLS row over seeds 42, 1, 2 (results/STEM-sS.json)."""
+    names = [f"{stem}-s{s}" for s in SEEDS]
+    return [label, "42, 1, 2", *(mean_sd([lp(n, m) for n in names], f) for m, f in (
+        ("mr", mr), ("mrr", rate), ("hits@1", rate), ("hits@10", rate))), f"`{stem}-sS`"]
+
+
+def umls() -> str:
+    """UMLS: the shipped adapter, and each recipe over three seeds."""
+    name = SHIPPED["umls"][0]
+    rows = [["**PALT, cpu recipe: the shipped adapter** (seed 1, best of 3 by dev)", "1",
+             *(f(lp(name, m)) for m, f in (("mr", mr), ("mrr", rate), ("hits@1", rate),
+                                            ("hits@10", rate))), f"`{name}`"],
+            seeds_row("PALT, cpu recipe (8 epochs)", "umls-cpu-trainneg"),
+            seeds_row("finetuning, cpu recipe, lr 1e-4 (8 epochs)", "umls-ft-trainneg"),
+            seeds_row("PALT, tuned (search trial 17), 4 epochs", "umls-palt-tuned"),
+            seeds_row("PALT, tuned (search trial 17), 8 epochs", "umls-palt-tuned8"),
+            seeds_row("finetuning, tuned (search trial 12), 4 epochs", "umls-ft-tuned")]
+    return table(["run (train-only negatives)", "seeds", "MR", "MRR", "Hits@1", "Hits@10", "JSON"],
+                 rows)
+
+
+def dev_curve(name: str) -> str:
+    """The dev figure at each dev point of the evaluated checkpoint's run, the best in bold."""
+    dev = result(name)["train"]["dev"]
+    best = max(p["value"] for p in dev)
+    return " / ".join(f"**{points(100 * p['value'])}**" if p["value"] == best
+                      else points(100 * p["value"]) for p in dev)
+
+
+def tc_table(rows: list[tuple[str, str]]) -> str:
+    """A triple-classification table: label, JSON -> epochs, dev by dev point, dev, test."""
+    out = []
+    for label, name in rows:
+        t = result(name)["train"]
+        out.append([label, f"{t['epochs']} of {t['epochs_scheduled']}", dev_curve(name),
+                    points(accuracy(name, "dev")), f"**{points(accuracy(name))}**", f"`{name}`"])
+    return table(["run (train-only negatives)", "best epoch", "dev by dev point, to the best",
+                  "dev", "test", "JSON"], out)
+
+
+def wn11() -> str:
+    return tc_table([("**PALT, tuned recipe, 20 epochs: the shipped adapter**", "palt-wn11-minilm"),
+                     ("PALT, cpu recipe, 6 epochs (shipped 2026-11-28)", "wn11-shipped-2026-11-28"),
+                     ("PALT, cpu recipe, 3 epochs", "wn11-palt-3ep-trainneg"),
+                     ("finetuning, cpu recipe, lr 1e-4, 3 epochs", "wn11-ft-trainneg"),
+                     ("PALT, tuned (search trial 19), 1 epoch", "wn11-palt-tuned-s42"),
+                     ("finetuning, tuned (search trial 10), 1 epoch", "wn11-ft-tuned-s42")])
+
+
+def fb13() -> str:
+    return tc_table([("**PALT, tuned WN11 recipe, 5 epochs: the shipped adapter**",
+                      "palt-fb13-minilm"),
+                     ("PALT, cpu recipe, 14,000 steps (shipped 2026-11-28)",
+                      "fb13-shipped-2026-11-28"),
+                     ("finetuning, tuned WN11 finetuning recipe, 2 epochs", "fb13-ft-tuned-s42")])
+
+
+def lp_rows(rows: list[tuple[str, str]]) -> str:
+    """A big graph's link-prediction table: label, JSON -> triples, MR, MRR, Hits@1, Hits@10."""
+    out = []
+    for label, name in rows:
+        cells = []
+        for m, f in (("mr", mr), ("mrr", rate), ("hits@1", rate), ("hits@10", rate)):
+            ci = interval(name, m)
+            cells.append(f(lp(name, m)) + (f" [{f(ci[0])}, {f(ci[1])}]" if ci else ""))
+        out.append([label, str(result(name)["counts"]["ranked_triples"]), *cells, f"`{name}`"])
+    return table(["adapter", "test triples", "MR", "MRR", "Hits@1", "Hits@10", "JSON"], out)
+
+
+def wn18rr() -> str:
+    return lp_rows([("**10 epochs, `--recipe gpu`: shipped**", "palt-wn18rr-minilm"),
+                    ("1 epoch, cpu recipe with self-negatives", "wn18rr-1ep-lp"),
+                    ("1 epoch, cpu recipe without self-negatives", "wn18rr-noself-lp")])
+
+
+def fb15k_237() -> str:
+    return lp_rows([("**1 epoch, cpu recipe: shipped**", "palt-fb15k-237-minilm"),
+                    ("epoch 1 of `--recipe gpu`", "fb15k-237-gpu-ep1-lp"),
+                    ("3,000 steps, descriptions", "fb15k-237-desc-lp")])
+
+
+# PALT against finetuning: (benchmark, what differs, PALT's rows, finetuning's rows, the searches
+# behind each side (None: none), the paired JSONs or states, A then B: finetuning - PALT).
+COMPARISONS = [
+    ("UMLS", "cpu recipe, 8 epochs each", "umls-cpu-trainneg", "umls-ft-trainneg", None, None,
+     [("umls-cpu-trainneg-s42-lp300", "umls-ft-trainneg-s42-lp660"),
+      ("umls-cpu-trainneg-s1-lp660", "umls-ft-trainneg-s1-lp660")]),
+    ("UMLS", "tuned, 4 epochs each (the searches' cap)", "umls-palt-tuned", "umls-ft-tuned",
+     "tune-umls-palt", "tune-umls-finetune",
+     [(f"umls-palt-tuned-s{s}-lp660", f"umls-ft-tuned-s{s}-lp660") for s in SEEDS]),
+    ("UMLS", "tuned, PALT 8 epochs, finetuning 4", "umls-palt-tuned8", "umls-ft-tuned",
+     "tune-umls-palt", "tune-umls-finetune",
+     [(f"umls-palt-tuned8-s{s}-lp660", f"umls-ft-tuned-s{s}-lp660") for s in SEEDS]),
+    ("WN11", "cpu recipe, 3 epochs each", "wn11-palt-3ep-trainneg", "wn11-ft-trainneg", None,
+     None, [("wn11-palt-3ep-trainneg", "wn11-ft-trainneg")]),
+    ("WN11", "tuned, 1 epoch each", "wn11-palt-tuned-s42", "wn11-ft-tuned-s42",
+     "tune-wn11-palt", "tune-wn11-finetune", [("wn11-palt-tuned-s42", "wn11-ft-tuned-s42")]),
+    ("WN11", "tuned, PALT 20 epochs (shipped), finetuning 1", "palt-wn11-minilm",
+     "wn11-ft-tuned-s42", "tune-wn11-palt", "tune-wn11-finetune",
+     [("palt-wn11-minilm", "wn11-ft-tuned-s42")]),
+    ("WN11", "PALT tuned, 20 epochs (shipped); finetuning cpu recipe, 3", "palt-wn11-minilm",
+     "wn11-ft-trainneg", "tune-wn11-palt", None, [("palt-wn11-minilm", "wn11-ft-trainneg")]),
+    ("FB13", "WN11's tuned recipes, PALT 5 epochs (shipped), finetuning 2", "palt-fb13-minilm",
+     "fb13-ft-tuned-s42", "tune-wn11-palt", "tune-wn11-finetune",
+     [("palt-fb13-minilm", "fb13-ft-tuned-s42")]),
+]
+
+
+def side(stem: str, search: str | None) -> tuple[str, str, list[str]]:
+    """(figure, what it got, its JSONs) of one side: a JSON, or seeds 42, 1, 2 of a stem."""
+    names = [stem] if (RESULTS / f"{stem}.json").is_file() else [f"{stem}-s{s}" for s in SEEDS]
+    if result(names[0])["task"] == "tc":
+        figure = points(accuracy(names[0]))
+    else:
+        values = [lp(n, "mrr") for n in names]
+        figure = mean_sd(values) if len(values) > 1 else rate(values[0])
+    got = f"{budget(names[0])}, {trials_of(search)}"
+    return figure, got, names
+
+
+def gaps(pairs: list[tuple[str, str]]) -> tuple[str, str]:
+    """The paired gaps, finetuning - PALT, one a pair, and what they were computed on."""
+    said, notes = [], []
+    for a, b in pairs:
+        if (RESULTS / f"{a}.state").is_dir():
+            gap, ci, n = paired_lp(a, b)
+            said.append(f"{gap_text(gap, ci)} ({n})")
+        else:
+            gap, ci = paired_tc(a, b)
+            said.append(gap_text(gap, ci, points))
+    return "; ".join(said), "; ".join(notes)
+
+
+def palt_against_finetuning() -> str:
+    """PALT against finetuning at the budgets each side got: each side's figure and what it got
+    (epochs, positives of the evaluated checkpoint, search trials), the mean gap and the paired
+    gaps. A UMLS pairing whose states ranked checkpoints other than the rows' JSONs says so."""
+    rows = []
+    for data, what, palt, ft, palt_search, ft_search, pairs in COMPARISONS:
+        (pf, pgot, pnames), (ff, fgot, fnames) = side(palt, palt_search), side(ft, ft_search)
+        if result(pnames[0])["task"] == "tc":
+            mean_gap = signed(accuracy(fnames[0]) - accuracy(pnames[0]), points)
+        else:
+            mean_gap = signed(statistics.mean(lp(n, "mrr") for n in fnames)
+                              - statistics.mean(lp(n, "mrr") for n in pnames))
+        paired, _ = gaps(pairs)
+        lp_pairs = [(a, b) for a, b in pairs if (RESULTS / f"{a}.state").is_dir()]
+        if lp_pairs:
+            rows_of = dict(zip([a for a, _ in lp_pairs], pnames)) | dict(
+                zip([b for _, b in lp_pairs], fnames))
+            same = {same_checkpoint(rows_of[s], s) for pair in lp_pairs for s in pair}
+            if False in same:
+                paired += " (retrained checkpoints: see below)"
+            elif None in same:
+                paired += " (checkpoints unrecorded: see below)"
+        rows.append([data, what, f"{pf} ({pgot})", f"{ff} ({fgot})", mean_gap, paired])
+    return table(["graph", "budgets", "PALT (what it got)", "finetuning (what it got)",
+                  "finetuning - PALT", "paired, by seed (triples)"], rows)
+
+
+def retrained_pairings() -> str:
+    """The UMLS ranking states paired above that ranked another checkpoint than their row's JSON:
+    a sentence naming them, or '' where every state ranked its row's checkpoint."""
+    odd, unknown = set(), set()
+    for _, _, palt, ft, _, _, pairs in COMPARISONS:
+        for a, b in pairs:
+            for state, stem in ((a, palt), (b, ft)):
+                if not (RESULTS / f"{state}.state").is_dir():
+                    continue
+                row = next((f"{stem}-s{s}" for s in SEEDS if f"-s{s}-" in state + "-"), stem)
+                same = same_checkpoint(row, state)
+                if same is False:
+                    odd.add(f"`{state}`")
+                elif same is None:
+                    unknown.add(f"`{state}`")
+    said = []
+    if odd:
+        said.append(f"The paired gaps marked retrained rank checkpoints trained again with the "
+                    f"same command and seed, not those of the rows' JSONs (their "
+                    f"`checkpoint_sha256` differ): {', '.join(sorted(odd))}.")
+    if unknown:
+        said.append(f"Those marked unrecorded pair states whose row's JSON names no checkpoint, so "
+                    f"that which checkpoint they ranked cannot be checked: "
+                    f"{', '.join(sorted(unknown))}.")
+    return " ".join(said)
+
+
+def tuning() -> str:
+    """Each search's trial counts, hours and machines, and its top 3 trials, exactly as
+    `python -m support.tune --report --top 3 --out results/tune-GRAPH-METHOD` prints them (its
+    importances line left out)."""
+    from support import tune
+    parts = []
+    for folder in ("tune-umls-palt", "tune-umls-finetune", "tune-wn11-palt", "tune-wn11-finetune"):
+        text = tune.report(RESULTS / folder, top=3)
+        parts.append("\n".join(line for line in text.splitlines()
+                               if not line.startswith("importances")).strip())
+    return "\n\n".join(parts)
+
+
+def methods() -> str:
+    """A table of the methods compared (results/methods-*.json), '' until there are any."""
+    names = sorted(RESULTS.glob("methods-*.json"))
+    if not names:
+        return ""
+    rows = [[result(p.stem)["train"]["method"], p.stem] for p in names]
+    return table(["method", "JSON"], rows)
+
+
+def out(text: str) -> None:
+    """Write a table into the cog block (cog's own `cog.out`), with the newline cog expects."""
+    import cog
+    if text:
+        cog.out(text + "\n")
+
+
+# ----------------------------------------------------------------------------- the command
+def main(argv: list[str] | None = None) -> int:
+    """cog over README.md and RESULTS.md: rewrite them (-r), or --check them."""
+    from cogapp import Cog
+    ap = argparse.ArgumentParser(prog="python -m support.tables",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="rewrite nothing: fail where a table differs from what the data gives")
+    ap.add_argument("files", nargs="*", default=[str(files.ROOT / d) for d in DOCUMENTS])
+    args = ap.parse_args(argv)
+    return Cog().main(["cog", "--check" if args.check else "-r", *args.files])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
