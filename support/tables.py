@@ -421,7 +421,8 @@ def tuning() -> str:
     from support import tune
     parts = []
     for folder in ("tune-umls-palt", "tune-umls-finetune", "tune-wn11-palt", "tune-wn11-finetune"):
-        text = tune.report(RESULTS / folder, top=3)
+        # The report names its folder: relative to the project, as in any clone.
+        text = tune.report(RESULTS / folder, top=3).replace(f"{RESULTS.parent}/", "")
         parts.append("\n".join(line for line in text.splitlines()
                                if not line.startswith("importances")).strip())
     return "\n\n".join(parts)
