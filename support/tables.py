@@ -420,7 +420,14 @@ def tuning() -> str:
     importances line left out)."""
     from support import tune
     parts = []
-    for folder in ("tune-umls-palt", "tune-umls-finetune", "tune-wn11-palt", "tune-wn11-finetune"):
+    methods = ("palt", "finetune", "lora", "bitfit", "prompt", "probe")  # then any other search
+
+    def place(folder: str) -> tuple:  # tune-GRAPH-METHOD: by graph, then by method
+        _, graph, method = folder.split("-", 2)
+        return graph, methods.index(method) if method in methods else len(methods), method
+
+    found = [p.name for p in RESULTS.glob("tune-*-*") if (p / "study.db").is_file()]
+    for folder in sorted(found, key=place):
         # The report names its folder: relative to the project, as in any clone.
         text = tune.report(RESULTS / folder, top=3).replace(f"{RESULTS.parent}/", "")
         parts.append("\n".join(line for line in text.splitlines()
