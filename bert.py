@@ -10,11 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 
+from support.errors import CheckpointError
 from support.files import readable
-
-
-class CheckpointError(ValueError):
-    """A model file that cannot be used; the message is one line naming the file (and key)."""
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-
-class DataError(ValueError):
-    """Bad or missing data; the message is one line, 'path:line: what is wrong'."""
+from support.errors import CheckpointError, DataError
 
 
 # ----------------------------------------------------------------------------- the graph
@@ -75,7 +73,7 @@ def encode(kg, tokenizer, new=()):
     tok.no_truncation()
     specials = [tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")]
     if None in specials:
-        raise ValueError("tokenizer lacks one of [CLS], [SEP], [PAD]")
+        raise CheckpointError("the tokenizer lacks one of [CLS], [SEP], [PAD]")
     return Encoded(*specials, *_flat(tok, kg.ent_text + list(new)), *_flat(tok, kg.rel_text))
 
 

@@ -19,28 +19,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import bert
 import palt
 from bert import autocast
-from data import DataError, build_batch, encode, seq_lengths, to_device
+from data import build_batch, encode, seq_lengths, to_device
 from support import bigrank, evalcli, predict
-from support.bigrank import Stopped
 from support.devices import init_distributed, resolve_dtype
-from support.files import OutputError
-from support.flags import FlagError, check_compiler, check_seq_length
+from support.errors import ERRORS, ScoreError, Stopped
+from support.flags import check_compiler, check_seq_length
 
 KS = (1, 3, 10)  # Hits@k
 MIN_ROWS = 32  # a batch's fewest rows where lengths differ (Scorer)
 # link prediction's ranks: one row per test triple and side, these int64 columns
 TRIPLE, SIDE, FILTERED_OPTIMISTIC, FILTERED_PESSIMISTIC, RAW_OPTIMISTIC, RAW_PESSIMISTIC = range(6)
-
-
-class ScoreError(ValueError):
-    """Scores that cannot be ranked (NaN or inf): a broken checkpoint or an overflow."""
-
-
-# The errors that the commands print as one line (README.md, Errors).
-ERRORS = (DataError, bert.CheckpointError, palt.ConfigError, FlagError, OutputError, ScoreError)
 
 
 # -------------------------------------------------------------------- ranks, metrics, thresholds

@@ -32,7 +32,7 @@ import torch
 
 import data
 import palt
-from evaluate import ERRORS
+from support.errors import ERRORS
 from support import evalcli, files, graphs, hub, predict
 from support.flags import FlagError
 
