@@ -22,7 +22,7 @@ import torch.distributed as dist
 import palt
 from bert import autocast
 from data import build_batch, encode, seq_lengths, to_device
-from support import bigrank, evalcli, predict
+from support import bigrank, categories, evalcli, predict
 from support.devices import init_distributed, resolve_dtype
 from support.errors import ERRORS, ScoreError, Stopped
 from support.flags import check_compiler, check_seq_length
@@ -375,7 +375,29 @@ def link_prediction(args, scorer, kg, info, state_dir, ddp_rank, world_size):
         note = f"estimate ({len(tri)} of {T} {args.split} triples)"
     result = dict(task="lp", split=args.split, estimate=estimate, counts=counts, metrics=metrics,
                   note=note)
+    if args.per_relation:
+        result |= relation_category_metrics(kg, lpq, ranks)
     return result, state
+
+
+def relation_category_metrics(kg, lpq, ranks):
+    """--per-relation: each relation's category from train (support/categories.py) and each
+    category's metrics by side, for the results JSON."""
+    names, ratios = categories.relation_categories(kg.train, len(kg.relations))
+    triple, side = ranks[:, TRIPLE], ranks[:, SIDE]
+    table = categories.by_category(
+        relation=lpq.queries[lpq.triple_query[triple, 0], 1],  # the relation of a head query
+        side=side,
+        triple=triple,
+        query=lpq.triple_query[triple, side],
+        optimistic=ranks[:, FILTERED_OPTIMISTIC],
+        pessimistic=ranks[:, FILTERED_PESSIMISTIC],
+        categories=names,
+    )
+    relations = {kg.relations[r]: {"category": names[r] or None, "tails_per_head": ratios[r, 0],
+                                   "heads_per_tail": ratios[r, 1]}
+                 for r in range(len(kg.relations)) if names[r]}
+    return {"relation_categories": relations, "by_category": table}
 
 
 # --------------------------------------------------------------------- triple classification
