@@ -268,7 +268,7 @@ def ranked_rows(args, lpq, kg, info, state_dir, rank_block, scorer, ddp_rank, wo
     settings = dict(checkpoint_sha256=info["identity"], data=kg.name,
                     data_fingerprint=kg.fingerprint, text=info["text"], prompts=info["prompts"],
                     max_seq_length=info["max_seq_length"], split=args.split,
-                    candidates=args.candidates, seed=args.seed, dtype=scorer.dtype)
+                    candidates=args.candidates, seed=args.seed, dtype=scorer.precision)
     state = State(state_dir, settings, ddp_rank, T)
     if dist.is_initialized():
         dist.barrier()  # every process has read the old state before any writes

@@ -65,6 +65,27 @@ def by_category(
     return out
 
 
+def report(kg, lpq, rows: np.ndarray) -> dict:
+    """evaluate.py --lp --per-relation's results: each relation's category, tails per head and
+    heads per tail, and by_category of the ranked rows (n, 4): test triple, side, filtered
+    optimistic and pessimistic rank (lpq: evaluate.LPQueries, whose triples the rows rank)."""
+    names, ratios = relation_categories(kg.train, len(kg.relations))
+    triple, side, optimistic, pessimistic = rows.T
+    table = by_category(
+        relation=lpq.queries[lpq.triple_query[triple, 0], 1],  # the relation of a head query
+        side=side,
+        triple=triple,
+        query=lpq.triple_query[triple, side],
+        optimistic=optimistic,
+        pessimistic=pessimistic,
+        categories=names,
+    )
+    relations = {kg.relations[r]: {"category": names[r], "tails_per_head": float(ratios[r, 0]),
+                                   "heads_per_tail": float(ratios[r, 1])}
+                 for r in range(len(kg.relations)) if names[r]}
+    return {"relation_categories": relations, "by_category": table}
+
+
 def print_table(table: dict) -> None:
     """The categories' filtered realistic MRR and Hits@1/10 by side, one line a category."""
     print(f"by relation category (train's tails per head and heads per tail against {THRESHOLD}), "

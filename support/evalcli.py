@@ -330,7 +330,7 @@ def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_siz
                     compile=args.compile, max_seq_length=info["max_seq_length"],
                     candidates=args.candidates, limit=args.limit, seed=args.seed,
                     tokens=scorer.tokens, world_size=world_size, device=str(scorer.device),
-                    dtype=scorer.dtype, padded_per_real_token=pad)
+                    dtype=scorer.precision, padded_per_real_token=pad)
     command = " ".join(["python evaluate.py", *map(str, argv or sys.argv[1:])])
     data = kg.name if benchmark(kg.name) else files.project_path(kg.folder)  # a graph's folder
     # which weights: the checkpoint's own (None for a base model zero-shot) and the base model's

@@ -876,7 +876,7 @@ def test_the_python_api_gives_what_the_command_line_gives(trained, lp_root, tmp_
     """evaluate.load: score, predict and rank are the numbers evaluate.py prints and writes, entities named by id or
     text."""
     ckpt, model, kg, enc = trained
-    api = evaluate.load(ckpt, data_dir=lp_root, dtype="fp32")
+    api = evaluate.load(ckpt, data_dir=lp_root, precision="fp32")
     # score: by id or text, as the Scorer scores the indices
     got = api.score([("e0", "part of", "river bank"), ("apple", "r1", "e5")])
     want = evaluate.Scorer(model, enc, (2, 1, 1), 12).numpy(np.array([(0, 0, 1), (0, 1, 5)]))
@@ -901,12 +901,12 @@ def test_a_bf16_predictor_holds_its_frozen_linears_in_bf16_and_scores_bit_identi
     """Under bf16 a Predictor casts the encoder's frozen linears once (autocast would cast them at every batch): the
     scores are those of the fp32-held weights under bf16 autocast, bit for bit; what PALT trained stays fp32."""
     ckpt, model, kg, enc = trained
-    api = evaluate.load(ckpt, data_dir=lp_root, dtype="bf16")
+    api = evaluate.load(ckpt, data_dir=lp_root, precision="bf16")
     held = api.scorer.model
     assert {p.dtype for n, p in held.named_parameters() if ".layers." in n and ".ln" not in n} == {torch.bfloat16}
     assert {p.dtype for n, p in held.named_parameters() if not n.startswith("bert.")} == {torch.float32}
     triples = np.array([(h, r, t) for h in range(6) for r in range(2) for t in range(6)])
-    want = evaluate.Scorer(model, enc, (2, 1, 1), 12, dtype="bf16").numpy(triples)  # fp32 weights, autocast
+    want = evaluate.Scorer(model, enc, (2, 1, 1), 12, precision="bf16").numpy(triples)  # fp32 weights, autocast
     assert np.array_equal(api.scorer.numpy(triples), want)
 
 
@@ -927,7 +927,7 @@ def test_the_python_api_ranks_the_splits_a_folder_names(trained, lp_root, tmp_pa
     """rank(split=) takes train, test and dev or valid (one split, whichever file the folder has); any other name is a
     ValueError naming the splits the graph has."""
     ckpt, *_ = trained
-    api = evaluate.load(ckpt, data_dir=lp_root, dtype="fp32")
+    api = evaluate.load(ckpt, data_dir=lp_root, precision="fp32")
     assert api.rank("valid", limit=2) == api.rank("dev", limit=2)
     assert api.rank("train", limit=2)["mrr"] > 0
     with pytest.raises(ValueError, match=rf"^split 'validation': {re.escape(str(lp_root / 'umls'))} has train, dev, test$"):
