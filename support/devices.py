@@ -1,6 +1,6 @@
 """Where the work runs: the autocast precision a CPU or GPU gets (on a CPU with native bf16, the
 faster of the two, timed once and cached), train.py's and evaluate.py's torchrun processes, and
-torch.compile. Imports only support.files of the project."""
+torch.compile. Imports only support.files and support.errors of the project."""
 import hashlib
 import json
 import os
@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from support import files
+from support.errors import FlagError
 
 # autocast precisions: trained weights, optimizer state, loss and NSP head stay fp32; under bf16 the
 # encoder's frozen linears are held in bf16 (palt.hold_frozen_linears: cast once, bit-identical)
@@ -78,7 +79,7 @@ def resolve_dtype(choice, device, warn=False):
     warn (the process that logs): auto's choice and why, one line on stderr; a warning where bf16 is
     asked of a CPU that only emulates it. Under torchrun every process takes process 0's choice."""
     if choice not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, not {choice!r}")
+        raise FlagError(f"--dtype must be one of {', '.join(DTYPES)}, not {choice!r}")
     cpu = torch.device(device).type == "cpu"
     # An emulated bf16 runs far slower than fp32: say so where it is asked for.
     if choice == "bf16" and cpu and warn and not cpu_has_native_bf16():
