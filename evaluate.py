@@ -360,8 +360,8 @@ def dev_metric(model: torch.nn.Module, kg: KG, enc: Encoded, run, device: torch.
         return figure, (f"inverse rank {m['inverse_rank']:.4f}, MR {m['mr']:.2f} on {triples} "
                         f"dev triples (stratified estimate, {m['candidates']:,} candidates scored "
                         "a query: MR unbiased; the inverse rank, the mean of 1 / an estimated "
-                        "rank, orders checkpoints as the exact MRR does but runs above it: not "
-                        "an MRR)")
+                        "rank, orders checkpoints as the exact MRR does but runs ~2x it: not an "
+                        "MRR)")
     sampled = bool(run.dev_sample and m["candidates"] < len(kg.split_entities))
     figure |= {"metric": "mrr", "value": m["mrr"], "hits@10": m["hits@10"], "sampled": sampled,
                "estimate": False, "random": m["random_mrr"][0]}
