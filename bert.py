@@ -10,11 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 
+from support.errors import CheckpointError
 from support.files import readable
-
-
-class CheckpointError(ValueError):
-    """A model file that cannot be used; the message is one line naming the file (and key)."""
 
 
 @dataclass(frozen=True)
@@ -33,11 +30,12 @@ class BertConfig:
 
 
 # ----------------------------------------------------------------------------- the model
-def dropout(x, p, training):
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Inverted dropout. On a CPU the keep mask comes from 16-bit random integers, four to each
-    64-bit draw: torch's CPU dropout draws a float an element (bernoulli_), a large share of a CPU
-    training step (RESULTS.md). An element is dropped with probability round(65536 p) / 65536
-    (0.1 -> 0.100006) and the kept ones scaled by the inverse of the keep probability."""
+    64-bit draw, because torch's CPU dropout draws a whole float an element (bernoulli_), which
+    costs more than the bits it needs (RESULTS.md times both). An element is dropped with
+    probability round(65536 p) / 65536 (0.1 -> 0.100006) and the kept ones scaled by the inverse of
+    the keep probability."""
     if not training or p == 0:
         return x
     if x.device.type != "cpu" or torch.compiler.is_compiling():
@@ -50,7 +48,7 @@ def dropout(x, p, training):
     return x * (keep.to(x.dtype) * (65536 / (65536 - cut)))
 
 
-def attention_weights(q, k, mask):
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """softmax(q k^T / sqrt(d_head) + mask): (B, n_head, L, L), a masked key's weight 0."""
     s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, n_head, L, L)
     if mask is not None:
@@ -58,13 +56,14 @@ def attention_weights(q, k, mask):
     return s.softmax(-1)
 
 
-def attend(q, k, v, mask, p):
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           p: float) -> torch.Tensor:
     """softmax(q k^T / sqrt(d_head), masked keys) v, dropout p on the attention weights: (B, n_head,
     L, d_head). F.scaled_dot_product_attention does it all, but on a CPU its dropout is torch's
     (see dropout); there, in training, the same maths is written out with dropout() on the weights,
-    because that forward and backward is faster than SDPA's (RESULTS.md, Speed and precision)."""
+    so that the cheaper mask serves attention too (RESULTS.md, Speed and precision, times it)."""
     if p == 0 or q.device.type != "cpu" or torch.compiler.is_compiling():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        return F.scaled_dot_product_attention(query=q, key=k, value=v, attn_mask=mask, dropout_p=p)
     return dropout(attention_weights(q, k, mask), p, True) @ v
 
 
@@ -77,7 +76,9 @@ class Embeddings(nn.Module):
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.p_drop = c.hidden_dropout_prob
 
-    def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None):
+    def forward(self, input_ids: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """word (or given) + position + token type embeddings, LayerNorm, dropout: (B, L, H)."""
         x = self.word(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, H)
         if token_type_ids is None:
@@ -101,7 +102,8 @@ class Layer(nn.Module):
         self.ffn_out = nn.Linear(c.intermediate_size, H)
         self.ln2 = nn.LayerNorm(H, eps=c.layer_norm_eps)
 
-    def attention(self, h, mask, weights=False):
+    def attention(self, h: torch.Tensor, mask: torch.Tensor | None,
+                  weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Multi-head self-attention, residual, LayerNorm: (B, L, H), and with weights=True the
         attention weights it applies, attention_weights of its own q and k (else None)."""
         B, L, H = h.shape
@@ -109,16 +111,16 @@ class Layer(nn.Module):
         q, k, v = (x(h).view(B, L, self.n_head, H // self.n_head).transpose(1, 2)
                    for x in (self.q, self.k, self.v))
         w = attention_weights(q, k, mask) if weights else None
-        a = attend(q, k, v, mask, self.p_attn if self.training else 0.0)
+        a = attend(q=q, k=k, v=v, mask=mask, p=self.p_attn if self.training else 0.0)
         a = a.transpose(1, 2).reshape(B, L, H)  # (B, n_head, L, d_head) -> (B, L, H)
         return self.ln1(h + dropout(self.attn_out(a), self.p_drop, self.training)), w
 
-    def feed_forward(self, h):
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         """The feed-forward sublayer, residual, LayerNorm; F.gelu is the exact erf GELU."""
         ffn = self.ffn_out(F.gelu(self.ffn_in(h)))
         return self.ln2(h + dropout(ffn, self.p_drop, self.training))
 
-    def forward(self, h, mask):
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return self.feed_forward(self.attention(h, mask)[0])
 
 
@@ -129,13 +131,14 @@ class BertOutput:
     hidden_states: tuple | None  # embeddings output, then every layer's output
 
 
-def autocast(dtype, device):
+def autocast(precision: str, device: str | torch.device) -> torch.autocast:
     """The precision a model runs in: 'bf16' autocasts the matmuls to bf16, 'fp32' switches
     autocast off (also an outer one). The NSP head stays fp32 either way (Bert.nsp_head)."""
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                          enabled=precision == "bf16")
 
 
-def sdpa_mask(attention_mask):
+def sdpa_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B, L) 1 for real tokens -> (B, 1, 1, L) bool for SDPA, True where a key may be attended
     (never from token id 0)."""
     return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
@@ -150,7 +153,7 @@ class Bert(nn.Module):
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
         self.nsp = nn.Linear(config.hidden_size, 2)
 
-    def nsp_head(self, x):
+    def nsp_head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(NSP logits, pooled) of x (B, H), the last layer's [CLS] state as BERT reads it, in fp32
         even under bf16 autocast: bf16 logits (3 significant digits) would turn close scores into
         ties."""
@@ -158,8 +161,13 @@ class Bert(nn.Module):
             pooled = torch.tanh(self.pooler(x.float()))
             return self.nsp(pooled), pooled
 
-    def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, inputs_embeds=None,
-                output_hidden_states=False):
+    def forward(self, input_ids: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None,
+                output_hidden_states: bool = False) -> BertOutput:
+        """The encoder over a batch: NSP logits, the pooled [CLS] state and, if asked, every
+        layer's output."""
         h = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         mask, hidden = sdpa_mask(attention_mask), [h]
         for layer in self.layers:
@@ -192,7 +200,7 @@ NAME_TABLE = [
 IGNORED = [r"cls\.predictions\..*", r"embeddings\.position_ids"]
 
 
-def our_name(hf_key):
+def our_name(hf_key: str) -> str | None:
     """Our parameter name for a checkpoint key; None if it is on the ignore list; KeyError if
     unknown."""
     key = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", hf_key)
@@ -206,7 +214,7 @@ def our_name(hf_key):
     raise KeyError(hf_key)
 
 
-def read_tensors(path):
+def read_tensors(path: str) -> tuple[dict, dict]:
     """({our name: fp32 tensor}, {our name: checkpoint key}) of a model.safetensors."""
     try:
         with safe_open(readable(path, CheckpointError), framework="pt") as f:
@@ -221,7 +229,7 @@ def read_tensors(path):
     return tensors, names
 
 
-def load_weights(path, config):
+def load_weights(path: str, config: BertConfig) -> tuple[Bert, tuple]:
     """(Bert in fp32, heads_to_train): strictly from a model.safetensors, shape by shape. Without an
     NSP head, heads_to_train is ("pooler", "nsp"): the NSP head starts random, the pooler from the
     checkpoint where it has one (MiniLM does), else random; PALT trains both."""

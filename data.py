@@ -7,9 +7,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-
-class DataError(ValueError):
-    """Bad or missing data; the message is one line, 'path:line: what is wrong'."""
+from support.errors import CheckpointError, DataError, FlagError
 
 
 # ----------------------------------------------------------------------------- the graph
@@ -39,7 +37,7 @@ class KG:
     # (dev.tsv, or valid.txt beside train.txt): what messages about a split name
     split_files: dict
 
-    def is_known(self, triples):
+    def is_known(self, triples: np.ndarray) -> np.ndarray:
         """True where a triple is a fact of train, dev or test: the filter of the evaluation's
         ranks."""
         return in_sorted(self.known, triple_keys(self, triples))
@@ -58,7 +56,7 @@ class Encoded:
     rel_off: np.ndarray
 
 
-def _flat(tok, texts):
+def _flat(tok: Tokenizer, texts: list) -> tuple[np.ndarray, np.ndarray]:
     """The token ids of all texts in one array, text i at ids[off[i]:off[i + 1]]."""
     encodings = tok.encode_batch(texts, add_special_tokens=False)
     ids = [np.asarray(e.ids, dtype=np.int32) for e in encodings]
@@ -66,20 +64,23 @@ def _flat(tok, texts):
     return np.concatenate(ids) if ids else np.zeros(0, np.int32), off
 
 
-def encode(kg, tokenizer, new=()):
+def encode(kg: KG, tokenizer: Tokenizer, new: tuple | list = ()) -> Encoded:
     """Token ids of every entity and relation text, no special tokens; `new` entity texts follow the
     graph's."""
     # a copy: shipped tokenizers may pad/truncate, we do our own
     tok = Tokenizer.from_str(tokenizer.to_str())
     tok.no_padding()
     tok.no_truncation()
-    specials = [tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")]
-    if None in specials:
-        raise ValueError("tokenizer lacks one of [CLS], [SEP], [PAD]")
-    return Encoded(*specials, *_flat(tok, kg.ent_text + list(new)), *_flat(tok, kg.rel_text))
+    cls_id, sep_id, pad_id = (tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]"))
+    if None in (cls_id, sep_id, pad_id):
+        raise CheckpointError("the tokenizer lacks one of [CLS], [SEP], [PAD]")
+    ent_ids, ent_off = _flat(tok, kg.ent_text + list(new))
+    rel_ids, rel_off = _flat(tok, kg.rel_text)
+    return Encoded(cls_id=cls_id, sep_id=sep_id, pad_id=pad_id, ent_ids=ent_ids, ent_off=ent_off,
+                   rel_ids=rel_ids, rel_off=rel_off)
 
 
-def _part_lengths(enc, triples, max_seq_length):
+def _part_lengths(enc: Encoded, triples: np.ndarray, max_seq_length: int) -> np.ndarray:
     """(B,3) token counts of head, relation, tail truncated to M = max_seq_length - 3 tokens
     (callers subtract the prompts) as by popping one token at a time from the longest part (ties:
     tail, then relation, then head; tests/test_data.py holds it to that loop), in closed form: cap
@@ -90,7 +91,7 @@ def _part_lengths(enc, triples, max_seq_length):
     (10 - 1) // 2 = 4, capped (4, 1, 4) = 9 tokens, the 1 left over goes to the head: (5, 1, 4).
     Popping gives the same: (6, 1, 9) -> (6, 1, 6) -> (6, 1, 5) -> (5, 1, 5) -> (5, 1, 4)."""
     if max_seq_length < 3:
-        raise ValueError("max_seq_length must leave room for [CLS] and two [SEP]")
+        raise FlagError("max_seq_length must leave room for [CLS] and two [SEP]")
     ent_len, rel_len = np.diff(enc.ent_off), np.diff(enc.rel_off)
     lens = np.stack([ent_len[triples[:, 0]], rel_len[triples[:, 1]], ent_len[triples[:, 2]]], 1)
     M = max_seq_length - 3
@@ -109,19 +110,22 @@ def _part_lengths(enc, triples, max_seq_length):
     return cut + (over & (np.cumsum(over, 1) <= left[:, None]))
 
 
-def seq_lengths(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
+def seq_lengths(enc: Encoded, triples: np.ndarray, prompts: tuple = (0, 0, 0),
+                max_seq_length: int = 192) -> np.ndarray:
     """(B,) the length of each triple's sequence as build_batch makes it."""
     t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)  # (B, 3)
     return _part_lengths(enc, t, max_seq_length - sum(prompts)).sum(1) + 3 + sum(prompts)
 
 
-def fill_rows(out, flat, src, dst, n):
+def fill_rows(out: np.ndarray, flat: np.ndarray, src: np.ndarray, dst: np.ndarray,
+              n: np.ndarray) -> None:
     """out[i, dst[i] + j] = flat[src[i] + j] for j < n[i], all rows at once."""
     rows, j = np.nonzero(np.arange(n.max(initial=0))[None, :] < n[:, None])
     out[rows, dst[rows] + j] = flat[src[rows] + j]
 
 
-def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
+def build_batch(enc: Encoded, triples: np.ndarray, prompts: tuple = (0, 0, 0),
+                max_seq_length: int = 192) -> dict[str, torch.Tensor]:
     """[CLS] P*b head rel P*m [SEP] tail P*e [SEP], right-padded to the longest row, at most
     max_seq_length long."""
     t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)  # (B, 3)
@@ -135,9 +139,11 @@ def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
     input_ids[:, 0] = enc.cls_id
     input_ids[rows, sep1] = enc.sep_id
     input_ids[rows, n - 1] = enc.sep_id
-    fill_rows(input_ids, enc.ent_ids, enc.ent_off[t[:, 0]], np.full(B, 1 + b), lens[:, 0])
-    fill_rows(input_ids, enc.rel_ids, enc.rel_off[t[:, 1]], 1 + b + lens[:, 0], lens[:, 1])
-    fill_rows(input_ids, enc.ent_ids, enc.ent_off[t[:, 2]], sep1 + 1, lens[:, 2])
+    # the head after [CLS] and its prompts, the relation after the head, the tail after [SEP]
+    for part, (flat, off, dst) in enumerate([(enc.ent_ids, enc.ent_off, np.full(B, 1 + b)),
+                                             (enc.rel_ids, enc.rel_off, 1 + b + lens[:, 0]),
+                                             (enc.ent_ids, enc.ent_off, sep1 + 1)]):
+        fill_rows(out=input_ids, flat=flat, src=off[t[:, part]], dst=dst, n=lens[:, part])
     prompt_index = np.full((B, L), -1, dtype=np.int64)
     # P*b, P*m, P*e: (index of the first prompt vector, first position, count)
     slots = ((0, 1, b), (b, sep1 - m, m), (b + m, sep1 + 1 + lens[:, 2], e))
@@ -150,7 +156,7 @@ def build_batch(enc, triples, prompts=(0, 0, 0), max_seq_length=192):
     return {k: torch.from_numpy(v.astype(np.int64, copy=False)) for k, v in batch.items()}
 
 
-def to_device(t, device):
+def to_device(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     """A CPU tensor on the device; to a GPU through pinned memory, so the copy does not wait for the
     GPU's queue: the CPU goes on building the next batch while the GPU runs this one."""
     if torch.device(device).type != "cuda":
@@ -159,13 +165,13 @@ def to_device(t, device):
 
 
 # ----------------------------------------------------------------------------- negatives
-def triple_keys(kg, triples):
+def triple_keys(kg: KG, triples: np.ndarray) -> np.ndarray:
     """One int64 per triple, (h*R + r)*E + t: sorted keys make set lookups vectorised."""
     t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)  # (N, 3)
     return (t[:, 0] * len(kg.relations) + t[:, 1]) * len(kg.entities) + t[:, 2]
 
 
-def in_sorted(keys, k):
+def in_sorted(keys: np.ndarray, k: np.ndarray) -> np.ndarray:
     """True where k is in the sorted array `keys`."""
     return keys[np.minimum(np.searchsorted(keys, k), len(keys) - 1)] == k
 
@@ -180,12 +186,13 @@ class NegativeSampler:
     happens to be a test fact is a negative like any other. (The evaluation's filter, kg.known, is
     every split's facts.)"""
 
-    def __init__(self, kg, n_head=1, n_rel=1, n_tail=1, n_self=0, seed=0, rounds=30, near=None,
-                 hard=0.0, either_side=False):
+    def __init__(self, kg: KG, n_head: int = 1, n_rel: int = 1, n_tail: int = 1, n_self: int = 0,
+                 seed: int = 0, rounds: int = 30, near: np.ndarray | None = None,
+                 hard: float = 0.0, either_side: bool = False):
         self.kg, self.seed, self.rounds, self.near, self.hard = kg, seed, rounds, near, hard
         self.either_side = either_side
         if either_side and (n_head, n_rel, n_tail, n_self) != (1, 0, 1, 0):
-            raise ValueError("either_side draws one head or tail corruption: n_head = n_tail = 1")
+            raise FlagError("either_side draws one head or tail corruption: n_head = n_tail = 1")
         # triple classification: train holds positives
         self.train_keys = np.unique(triple_keys(kg, kg.train))
         # Each negative slot of a positive is the column (0 head, 1 relation, 2 tail) it replaces.
@@ -198,11 +205,11 @@ class NegativeSampler:
         self.is_self = np.arange(len(self.column)) >= n_head + n_rel + n_tail
         self.pools = (kg.split_entities, np.arange(len(kg.relations)), kg.split_entities)
 
-    def is_train(self, triples):
+    def is_train(self, triples: np.ndarray) -> np.ndarray:
         """True where a triple is a train triple: the corruptions redrawn."""
         return in_sorted(self.train_keys, triple_keys(self.kg, triples))
 
-    def negatives(self, epoch):
+    def negatives(self, epoch: int) -> np.ndarray:
         """(N_train, K, 3) int64, uniform over the valid corruptions, the same on every rank for
         (seed, epoch)."""
         kg, K = self.kg, len(self.column)
@@ -228,10 +235,11 @@ class NegativeSampler:
             rel = rng.integers(len(kg.relations), size=len(todo))
             neg[todo, c] = np.where(c == 1, rel, ent)
             todo = todo[self.is_train(neg[todo])]
-        self.enumerate_left(neg, col, todo, K, rng)
+        self.enumerate_left(neg=neg, col=col, todo=todo, K=K, rng=rng)
         return neg.reshape(-1, K, 3)  # (N*K, 3) -> (N, K, 3)
 
-    def enumerate_left(self, neg, col, todo, K, rng):
+    def enumerate_left(self, neg: np.ndarray, col: np.ndarray, todo: np.ndarray, K: int,
+                       rng: np.random.Generator) -> None:
         """The corruptions still train triples after the rounds (rarely any: umls has a (?, r, t)
         with 134 of 135 heads true): drawn from their valid choices, enumerated once per query."""
         kg = self.kg

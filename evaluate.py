@@ -11,23 +11,25 @@ r, pessimistic r + k and realistic r + k/2 (random tie-breaking, as PyKEEN repor
 realistic filtered ranks, the JSON has all. --data: the checkpoint's dataset, else umls (wn11 for
 --tc); no --ckpt and no --model: the adapter shipped for --data.
 """
+import argparse
 import functools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from tokenizers import Tokenizer
 
-import bert
 import palt
 from bert import autocast
-from data import DataError, build_batch, encode, seq_lengths, to_device
-from support import bigrank, evalcli, predict
-from support.bigrank import Stopped
-from support.devices import init_distributed, resolve_dtype
-from support.files import OutputError
-from support.flags import FlagError, check_compiler, check_seq_length
+from data import KG, DataError, Encoded, build_batch, encode, seq_lengths, to_device
+from support import bigrank, categories, evalcli, predict
+from support.devices import resolve_dtype, start_processes
+from support.errors import ERRORS, FlagError, ScoreError, Stopped
+from support.flags import check_compiler, check_seq_length
 
 KS = (1, 3, 10)  # Hits@k
 MIN_ROWS = 32  # a batch's fewest rows where lengths differ (Scorer)
@@ -35,16 +37,9 @@ MIN_ROWS = 32  # a batch's fewest rows where lengths differ (Scorer)
 TRIPLE, SIDE, FILTERED_OPTIMISTIC, FILTERED_PESSIMISTIC, RAW_OPTIMISTIC, RAW_PESSIMISTIC = range(6)
 
 
-class ScoreError(ValueError):
-    """Scores that cannot be ranked (NaN or inf): a broken checkpoint or an overflow."""
-
-
-# The errors that the commands print as one line (README.md, Errors).
-ERRORS = (DataError, bert.CheckpointError, palt.ConfigError, FlagError, OutputError, ScoreError)
-
-
 # -------------------------------------------------------------------- ranks, metrics, thresholds
-def query_ranks(scores, row, target, answer_mask=None):
+def query_ranks(scores: torch.Tensor, row: torch.Tensor, target: torch.Tensor,
+                answer_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Optimistic (1 + #better) and pessimistic (#better or tied, the target included) rank (n,) of
     candidate target[i] in the score row scores[row[i]] (Q, C): n test triples of Q queries in one
     op. answer_mask (Q, C) bool marks each query's known answers, left out of the ranking (filtered)
@@ -57,21 +52,21 @@ def query_ranks(scores, row, target, answer_mask=None):
     return 1 + ((s > t) & keep).sum(1), ((s >= t) & keep).sum(1)
 
 
-def harmonic(n):
+def harmonic(n: np.ndarray) -> np.ndarray:
     """H_n = 1 + 1/2 + ... + 1/n for float64 arrays of n >= 0 (digamma(n + 1) + Euler's gamma)."""
     return torch.special.digamma(torch.from_numpy(n + 1.0)).numpy() + np.euler_gamma
 
 
-def rank_metrics(optimistic, pessimistic):
+def rank_metrics(optimistic: np.ndarray, pessimistic: np.ndarray) -> dict:
     """MR, MRR, Hits@k of the optimistic, pessimistic and realistic ranks, and "expected": each
     metric's exact expectation when the rank is uniform on optimistic..pessimistic (random
     tie-breaking). The MRR and Hits of the realistic (mean) rank differ from those expectations when
     there are ties; MR is the same."""
     o, p = np.asarray(optimistic, np.float64), np.asarray(pessimistic, np.float64)
     out = {}
-    for kind, r in (("optimistic", o), ("pessimistic", p), ("realistic", (o + p) / 2)):
-        hits = {f"hits@{k}": (r <= k).mean() for k in KS}
-        out[kind] = {"mr": r.mean(), "mrr": (1 / r).mean(), **hits}
+    for kind, rank in (("optimistic", o), ("pessimistic", p), ("realistic", (o + p) / 2)):
+        hits = {f"hits@{k}": (rank <= k).mean() for k in KS}
+        out[kind] = {"mr": rank.mean(), "mrr": (1 / rank).mean(), **hits}
     n = p - o + 1  # the tied group's size
     hits = {f"hits@{k}": (np.clip(k - o + 1, 0, n) / n).mean() for k in KS}
     mrr = ((harmonic(p) - harmonic(o - 1)) / n).mean()
@@ -79,7 +74,7 @@ def rank_metrics(optimistic, pessimistic):
     return {kind: {m: float(v) for m, v in d.items()} for kind, d in out.items()}
 
 
-def lp_metrics(ranks):
+def lp_metrics(ranks: np.ndarray) -> dict:
     """ranks (n, 6), columns TRIPLE ... RAW_PESSIMISTIC -> {"filtered"|"raw": {"head"|"tail"|"both":
     rank_metrics}}; side 0 ranks the head."""
     sides = {"head": ranks[:, SIDE] == 0, "tail": ranks[:, SIDE] == 1,
@@ -90,7 +85,8 @@ def lp_metrics(ranks):
             for setting, (o, p) in columns.items()}
 
 
-def random_mrr(lpq, tri, draws=1000, seed=0):
+def random_mrr(lpq: "LPQueries", tri: np.ndarray, draws: int = 1000,
+               seed: int = 0) -> tuple[float, float]:
     """(mean, sd) of the filtered MRR that random triple scores get on test triples `tri`, both
     sides. The answer's rank among the n candidates the filter leaves is uniform, so the mean is
     that of H_n / n; its score is shared by its two sides (at quantile u, each other candidate beats
@@ -98,11 +94,11 @@ def random_mrr(lpq, tri, draws=1000, seed=0):
     n = len(lpq.candidates) - np.diff(lpq.filter_ptr)[lpq.triple_query[tri]] + 1  # (T, 2)
     rng = np.random.default_rng(seed)
     u = rng.random((draws, len(tri), 1))  # (draws, T, 1): one quantile for both sides
-    r = 1 + rng.binomial(n - 1, 1 - u)  # (draws, T, 2)
-    return float((harmonic(n) / n).mean()), float((1 / r).mean((1, 2)).std())
+    rank = 1 + rng.binomial(n - 1, 1 - u)  # (draws, T, 2)
+    return float((harmonic(n) / n).mean()), float((1 / rank).mean((1, 2)).std())
 
 
-def best_threshold(scores, labels):
+def best_threshold(scores: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
     """(θ, accuracy) of the best rule "true iff score > θ", by exact search over -inf, the midpoints
     between distinct scores and +inf: after one sort, cumulative counts give every candidate's
     accuracy. Ties: the lowest θ."""
@@ -126,20 +122,23 @@ def best_threshold(scores, labels):
 # ----------------------------------------------------------------------------- scoring
 class Scorer:
     """(N, 3) triples -> (N,) fp32 scores of a PALT model, in batches of rows of (almost) equal
-    length, longest first, at most `tokens` padded tokens each; autocast in `dtype` ('fp32' or
-    'bf16'; the NSP head stays fp32); compile: torch.compile fuses the casts, adds, LayerNorms and
-    GELUs between the matmuls (bench/bench_eval.py)."""
+    length, longest first, at most `tokens` padded tokens each; autocast in `precision` ('fp32'
+    or 'bf16'; the NSP head stays fp32); compile: torch.compile fuses the casts, adds, LayerNorms
+    and GELUs between the matmuls (bench/bench_eval.py)."""
 
-    def __init__(self, model, enc, prompts, max_seq_length, device="cpu", dtype="fp32", tokens=None,
-                 compile=False):
+    def __init__(self, model: torch.nn.Module, enc: Encoded, prompts: tuple, max_seq_length: int,
+                 device: str | torch.device = "cpu", precision: str = "fp32",
+                 tokens: int | None = None, compile: bool = False):
         self.model, self.enc, self.prompts = model.eval(), enc, tuple(prompts)
-        self.max_seq_length, self.device, self.dtype = max_seq_length, torch.device(device), dtype
-        # The token budgets that scored fastest in bench/bench_eval.py (RESULTS.md).
+        self.max_seq_length, self.device = max_seq_length, torch.device(device)
+        self.precision = precision
+        # The token budgets that scored fastest in bench/bench_eval.py (RESULTS.md): a GPU keeps
+        # busy only on big batches, a CPU's caches favour small ones.
         self.tokens = tokens or (1 << 18 if self.device.type == "cuda" else 1 << 14)
         self.forward = torch.compile(model, dynamic=True) if compile else model
         self.n_tokens = self.n_padded = 0  # real and padded tokens scored: the padding overhead
 
-    def batch_end(self, descending, i):
+    def batch_end(self, descending: np.ndarray, i: int) -> int:
         """Where the batch that starts at row i of the lengths sorted `descending` ends. Rows of
         exactly its first (longest) row's length w, if they fill half the token budget: no padding,
         no attention mask (SDPA's unmasked kernel is the faster one); else the rows no shorter than
@@ -154,7 +153,8 @@ class Scorer:
         return min(i + max(1, self.tokens // w), end)
 
     @torch.inference_mode()
-    def __call__(self, triples):
+    def __call__(self, triples: np.ndarray) -> torch.Tensor:
+        """(N,) fp32 scores of (N, 3) index triples, on the device."""
         triples = np.asarray(triples, np.int64).reshape(-1, 3)  # (N, 3)
         lengths = seq_lengths(self.enc, triples, self.prompts, self.max_seq_length)
         order = np.argsort(-lengths, kind="stable")
@@ -167,7 +167,7 @@ class Scorer:
             batch = {k: to_device(v, self.device) for k, v in batch.items()}
             if lengths[idx[-1]] == descending[i]:  # one length: no padding to mask
                 batch["attention_mask"] = None
-            with autocast(self.dtype, self.device):
+            with autocast(self.precision, self.device):
                 logits = self.forward(**batch)
             out[to_device(torch.from_numpy(idx), self.device)] = palt.score(logits)
             self.n_tokens += int(lengths[idx].sum())
@@ -175,7 +175,7 @@ class Scorer:
             i += len(idx)
         return out
 
-    def numpy(self, triples):
+    def numpy(self, triples: np.ndarray) -> np.ndarray:
         """The scores as a float32 numpy array: the one place they leave the device."""
         return self(triples).cpu().numpy()
 
@@ -193,7 +193,7 @@ class LPQueries:
     filter_pos: np.ndarray
 
 
-def lp_queries(kg, split="test", candidates="split"):
+def lp_queries(kg: KG, split: str = "test", candidates: str | np.ndarray = "split") -> LPQueries:
     """Unique (?, r, t) and (h, r, ?) queries of a split, so each query's candidates are scored
     once. candidates: 'split' (entities in any split), 'all' (every entity with text), or an array
     of entity indices (a sample).
@@ -225,10 +225,11 @@ def lp_queries(kg, split="test", candidates="split"):
     queries = np.stack([ukey // (R * E), ukey // E % R, ukey % E], 1)
     triple_query = inv.reshape(2, -1).T.copy()  # (2T,) -> (T, 2): head query, tail query
     target = np.stack([where[h], where[t]], 1)
-    return LPQueries(cand, queries, triple_query, target, ptr, ans[keep][order])
+    return LPQueries(candidates=cand, queries=queries, triple_query=triple_query, target=target,
+                     filter_ptr=ptr, filter_pos=ans[keep][order])
 
 
-def naive_ranks(scorer, lpq, tri):
+def naive_ranks(scorer: Scorer, lpq: LPQueries, tri: np.ndarray) -> np.ndarray:
     """The definition, one test triple and side at a time (the tests hold rank_queries to it): score
     every candidate; the filtered rank counts the candidates that beat the answer, leaving out the
     other known answers. (n, 4) rows: test triple, side, optimistic rank (1 + those better),
@@ -250,7 +251,7 @@ def naive_ranks(scorer, lpq, tri):
     return np.array(rows, dtype=np.int64).reshape(-1, 4)  # (n, 4), also when n = 0
 
 
-def answer_masks(lpq, qs):
+def answer_masks(lpq: LPQueries, qs: np.ndarray) -> torch.Tensor:
     """(len(qs), C) bool: True at each query's known answers, the true triples of train, dev and
     test (the filter)."""
     mask = torch.zeros((len(qs), len(lpq.candidates)), dtype=torch.bool)
@@ -259,7 +260,8 @@ def answer_masks(lpq, qs):
     return mask
 
 
-def rank_queries(score, lpq, tri, queries, block, overlap=None):
+def rank_queries(scorer: Scorer, lpq: LPQueries, tri: np.ndarray, queries: np.ndarray, block: int,
+                 overlap: bool | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Rank the test triples `tri` for these queries, `block` at a time: a query's candidates are
     scored once, into a (block, C) tensor shared by every test triple that asks it. Yields (its
     queries, ranks as in lp_metrics). overlap (default: on a GPU): one block behind, so the next
@@ -276,7 +278,7 @@ def rank_queries(score, lpq, tri, queries, block, overlap=None):
         # side 0 asks (?, r, e): candidates are heads; side 1 asks (e, r, ?): candidates are tails
         triples = np.stack([np.where(side == 0, c, e), r, np.where(side == 0, e, c)], -1)
         # (queries, C, 3) -> (queries*C, 3) scored -> (queries, C)
-        scores = score(triples.reshape(-1, 3)).view(len(qs), len(cand))
+        scores = scorer(triples.reshape(-1, 3)).view(len(qs), len(cand))
         # the pairs that ask this block's queries, and the score row of each
         row_in_block = np.full(len(lpq.queries), -1)
         row_in_block[qs] = np.arange(len(qs))
@@ -297,26 +299,30 @@ def rank_queries(score, lpq, tri, queries, block, overlap=None):
         yield finish_block(*pending)
 
 
-def finish_block(qs, tri_side, ranks, finite):
+def finish_block(qs: np.ndarray, tri_side: np.ndarray, ranks: torch.Tensor,
+                 finite: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(queries, ranks) of a ranked block, once the device has computed them."""
     if not finite:
         raise ScoreError("the model gives non-finite scores (NaN/inf); no ranks computed")
     return qs, np.concatenate([tri_side, ranks.cpu().numpy()], 1)
 
 
-def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
+def rank_split(scorer: Scorer, kg: KG, split: str, limit: int | None = None, seed: int = 0,
+               sample: int | None = None, near: np.ndarray | None = None) -> dict:
     """Filtered realistic mr, mrr, hits@k of a split (or a seeded `limit` of its triples) in one
     process, for train.py's dev report, and random_mrr there. sample: rank against that many seeded
     entities plus the triples' own, not all: cheap, and it flatters. near (E, n) with a sample:
     estimate the exact ranks instead (bigrank.stratified_ranks, `sample` draws): their MR, unbiased,
-    and a signal that orders checkpoints (the mean of 1 / an estimated rank: no MRR, RESULTS.md)."""
+    and their inverse rank, a figure that orders checkpoints (the mean of 1 / an estimated rank: no
+    MRR, RESULTS.md)."""
     lpq = lp_queries(kg, split)
     tri = bigrank.select(len(lpq.target), limit, seed)
     if sample and sample < len(lpq.candidates) and near is not None:
-        r, _, scored = bigrank.stratified_ranks(scorer, lpq, tri, seed, near, sample)
-        # MR, unbiased; the mean of 1 / an estimated rank is no MRR (it runs ~2x): a signal
-        return {"mr": float(r.mean()), "signal": float(np.mean(1 / r)), "candidates": scored,
-                "estimate": True}
+        estimated, _, scored = bigrank.stratified_ranks(scorer=scorer, lpq=lpq, tri=tri, seed=seed,
+                                                        near=near, draws=sample)
+        # The MR is unbiased; the mean of 1 / an estimated rank is no MRR, since it runs above it.
+        return {"mr": float(estimated.mean()), "inverse_rank": float(np.mean(1 / estimated)),
+                "candidates": scored, "estimate": True}
     if sample and sample < len(lpq.candidates):
         drawn = np.random.default_rng(seed).choice(lpq.candidates, sample, replace=False)
         # the triples' own entities are always in
@@ -324,16 +330,19 @@ def rank_split(scorer, kg, split, limit=None, seed=0, sample=None, near=None):
     block = max(1, (1 << 16) // len(lpq.candidates))
     queries = np.unique(lpq.triple_query[tri])
     scorer = bigrank.Reported(scorer, len(queries) * len(lpq.candidates))  # a line once a minute
-    ranks = np.concatenate([r for _, r in rank_queries(scorer, lpq, tri, queries, block)])
+    blocks = rank_queries(scorer=scorer, lpq=lpq, tri=tri, queries=queries, block=block)
+    ranks = np.concatenate([rows for _, rows in blocks])
     metrics = lp_metrics(ranks)["filtered"]["both"]["realistic"]
     return metrics | {"candidates": len(lpq.candidates), "random_mrr": random_mrr(lpq, tri)}
 
 
-def dev_metric(model, kg, enc, run, device, dtype, near=None):
+def dev_metric(model: torch.nn.Module, kg: KG, enc: Encoded, run, device: torch.device,
+               precision: str, near: np.ndarray | None = None) -> tuple[dict, str]:
     """(figure, its log line) of train.py's dev point: accuracy at the threshold tuned on dev itself
     (an upper estimate), or the filtered MRR of the same seeded dev_limit dev triples every epoch,
-    against all entities or a sample; with dev_near, an estimated MR and a signal (no MRR)."""
-    scorer = Scorer(model, enc, run.prompts, run.max_seq_length, device, dtype)
+    against all entities or a sample; with dev_near, an estimated MR and inverse rank (no MRR)."""
+    scorer = Scorer(model=model, enc=enc, prompts=run.prompts, max_seq_length=run.max_seq_length,
+                    device=device, precision=precision)
     if kg.task == "tc":
         scores = scorer.numpy(kg.dev)
         acc = best_threshold(scores, kg.dev_labels)[1]
@@ -341,15 +350,18 @@ def dev_metric(model, kg, enc, run, device, dtype, near=None):
         figure = {"metric": "accuracy", "value": acc, "random": chance[0]}
         return figure, f"accuracy {acc:.4f}" + evalcli.chance_note(acc, *chance, "accuracy")
     near = near[:, :run.dev_near] if run.dev_near else None
-    m = rank_split(scorer, kg, "dev", run.dev_limit, sample=run.dev_sample, near=near)
+    m = rank_split(scorer=scorer, kg=kg, split="dev", limit=run.dev_limit, sample=run.dev_sample,
+                   near=near)
     triples = min(run.dev_limit or len(kg.dev), len(kg.dev))
     figure = {"mr": m["mr"], "triples": triples, "candidates": m["candidates"]}
-    if "estimate" in m:  # the big graphs: MR, and a signal that orders checkpoints, but no MRR
-        figure |= {"metric": "signal", "value": m["signal"], "sampled": False, "estimate": True}
-        return figure, (f"signal {m['signal']:.4f}, MR {m['mr']:.2f} on {triples} dev triples "
-                        f"(stratified estimate, {m['candidates']:,} candidates scored a query: "
-                        "MR unbiased; the signal, the mean of 1 / an estimated rank, orders "
-                        "checkpoints as the exact MRR does but runs ~2x it: not an MRR)")
+    if "estimate" in m:  # the big graphs: MR, and an inverse rank that orders checkpoints; no MRR
+        figure |= {"metric": "inverse_rank", "value": m["inverse_rank"], "sampled": False,
+                   "estimate": True}
+        return figure, (f"inverse rank {m['inverse_rank']:.4f}, MR {m['mr']:.2f} on {triples} "
+                        f"dev triples (stratified estimate, {m['candidates']:,} candidates scored "
+                        "a query: MR unbiased; the inverse rank, the mean of 1 / an estimated "
+                        "rank, orders checkpoints as the exact MRR does but runs ~2x it: not an "
+                        "MRR)")
     sampled = bool(run.dev_sample and m["candidates"] < len(kg.split_entities))
     figure |= {"metric": "mrr", "value": m["mrr"], "hits@10": m["hits@10"], "sampled": sampled,
                "estimate": False, "random": m["random_mrr"][0]}
@@ -359,7 +371,8 @@ def dev_metric(model, kg, enc, run, device, dtype, near=None):
     return figure, line + evalcli.chance_note(m["mrr"], *m["random_mrr"], "MRR")
 
 
-def chance_accuracy(scores, labels, n=20, seed=0):
+def chance_accuracy(scores: np.ndarray, labels: np.ndarray, n: int = 20,
+                    seed: int = 0) -> tuple[float, float]:
     """(mean, sd) of best_threshold's accuracy when the labels are shuffled (`n` seeded
     permutations): what a threshold tuned on scores that carry nothing reaches on these triples."""
     rng = np.random.default_rng(seed)
@@ -367,13 +380,15 @@ def chance_accuracy(scores, labels, n=20, seed=0):
     return float(np.mean(acc)), float(np.std(acc))
 
 
-def link_prediction(args, scorer, kg, info, state_dir, ddp_rank, world_size):
+def link_prediction(args: argparse.Namespace, scorer: Scorer, kg: KG, info: dict, state_dir: Path,
+                    ddp_rank: int, world_size: int) -> tuple[dict, bigrank.State]:
     """Filtered ranks of every (or --limit seeded random) test triple, as head and as tail, sharded
     over the ranks and resumable (bigrank.ranked_rows), and their metrics."""
     lpq = lp_queries(kg, args.split, args.candidates)
     rank_block = functools.partial(rank_queries, scorer, lpq, np.arange(len(lpq.target)))
-    ranks, tri, counts, state = bigrank.ranked_rows(args, lpq, kg, info, state_dir, rank_block,
-                                                    scorer, ddp_rank, world_size)
+    ranks, tri, counts, state = bigrank.ranked_rows(
+        args=args, lpq=lpq, kg=kg, info=info, state_dir=state_dir, rank_block=rank_block,
+        scorer=scorer, ddp_rank=ddp_rank, world_size=world_size)
     T, estimate = len(lpq.target), len(tri) < len(lpq.target)
     realistic = (ranks[:, FILTERED_OPTIMISTIC] + ranks[:, FILTERED_PESSIMISTIC]) / 2
     interval = None
@@ -385,17 +400,23 @@ def link_prediction(args, scorer, kg, info, state_dir, ddp_rank, world_size):
         note = f"estimate ({len(tri)} of {T} {args.split} triples)"
     result = dict(task="lp", split=args.split, estimate=estimate, counts=counts, metrics=metrics,
                   note=note)
+    if args.per_relation:  # the relation categories: (n, 4) rows of triple, side and two ranks
+        columns = [TRIPLE, SIDE, FILTERED_OPTIMISTIC, FILTERED_PESSIMISTIC]
+        result |= categories.report(kg, lpq, ranks[:, columns])
     return result, state
 
 
 # --------------------------------------------------------------------- triple classification
-def triple_classification(args, scorer, kg, ddp_rank, world_size):
+def triple_classification(args: argparse.Namespace, scorer: Scorer, kg: KG, ddp_rank: int,
+                          world_size: int) -> tuple[dict, None]:
     """Accuracy at a threshold tuned on dev (--per-relation: one per relation, else the global one);
     test errors by relation."""
     n = len(kg.dev[ddp_rank::world_size]) + len(kg.test[ddp_rank::world_size])
     progress = bigrank.Progress(n, "triples", enabled=ddp_rank == 0)
-    s = {split: bigrank.score_all(scorer, getattr(kg, split), args.block_rows, ddp_rank, world_size,
-                                  progress) for split in ("dev", "test")}
+    s = {split: bigrank.score_all(scorer=scorer, triples=getattr(kg, split),
+                                  block_rows=args.block_rows, ddp_rank=ddp_rank,
+                                  world_size=world_size, progress=progress)
+         for split in ("dev", "test")}
     progress.update(0, force=True)
     theta, _ = best_threshold(s["dev"], kg.dev_labels)
     by_relation = {}
@@ -408,7 +429,8 @@ def triple_classification(args, scorer, kg, ddp_rank, world_size):
     for split in ("dev", "test"):
         said = s[split] > thresholds[getattr(kg, split)[:, 1]]
         right[split] = said == getattr(kg, f"{split}_labels")
-    metrics = evalcli.tc_metrics(kg, right, theta, by_relation, args.per_relation)
+    metrics = evalcli.tc_metrics(kg=kg, right=right, theta=theta, by_relation=by_relation,
+                                 per_relation=args.per_relation)
     counts = dict(dev=len(kg.dev), test=len(kg.test))
     return dict(task="tc", estimate=False, counts=counts, metrics=metrics), None
 
@@ -418,28 +440,29 @@ class Predictor:
     """A trained PALT and its graph, from Python (see load): score triples, predict completions,
     rank a split. Entities and relations are named by id or text, as --predict finds them."""
 
-    def __init__(self, scorer, kg, tokenizer, info):
+    def __init__(self, scorer: Scorer, kg: KG, tokenizer: Tokenizer, info: dict):
         self.scorer, self.kg, self.tokenizer, self.info = scorer, kg, tokenizer, info
 
-    def find(self, name, what):
+    def find(self, name: str, what: str) -> int:
         """The index of an entity or relation by id or text; else ValueError, in one line."""
         ids, texts = (self.kg.entities, self.kg.ent_text)
         if what == "relation":
             ids, texts = (self.kg.relations, self.kg.rel_text)
         return predict.find(ids, texts, str(name), what)
 
-    def score(self, triples):
+    def score(self, triples: list) -> np.ndarray:
         """(N,) float32 scores (NSP logit margins: higher is truer) of (head, relation, tail)
         triples named by id or text."""
         parts = ("entity", "relation", "entity")
         idx = [[self.find(x, what) for x, what in zip(t, parts)] for t in triples]
         return self.scorer.numpy(np.array(idx, np.int64).reshape(-1, 3))  # (N, 3) indices
 
-    def predict(self, head=None, relation=None, tail=None, k=10):
+    def predict(self, head: str | None = None, relation: str | None = None,
+                tail: str | None = None, k: int = 10) -> list[tuple[str, float]]:
         """The k best completions of (head, relation, ?) or (?, relation, tail) among the entities
         of the graph's splits, every one scored: [(entity id, score)], best first."""
         if (head is None) == (tail is None) or relation is None:
-            raise ValueError("give relation and one of head and tail")
+            raise FlagError("give relation and one of head and tail")
         side = int(tail is None)  # 1: tails ranked, as predict.parse_query numbers it
         e = self.find(head if side else tail, "entity")
         cand = self.kg.split_entities
@@ -447,65 +470,74 @@ class Predictor:
         top = np.argsort(-s, kind="stable")[:k]
         return [(self.kg.entities[c], float(v)) for c, v in zip(cand[top], s[top])]
 
-    def rank(self, split="test", limit=None, seed=0):
+    def rank(self, split: str = "test", limit: int | None = None, seed: int = 0) -> dict:
         """Filtered realistic MR, MRR and Hits@k of a split's triples (or a seeded `limit` of
         them, the subset evaluate.py --lp --limit ranks), each ranked as head and as tail against
         the entities of every split. split: train, test, and dev or valid (one split)."""
         name = {"valid": "dev"}.get(split, split)
         if name not in ("train", "dev", "test"):
             have = [f.stem for s, f in self.kg.split_files.items() if len(getattr(self.kg, s))]
-            raise ValueError(f"split {split!r}: {self.kg.folder} has {', '.join(have)}")
+            raise DataError(f"split {split!r}: {self.kg.folder} has {', '.join(have)}")
         if not len(getattr(self.kg, name)):
-            raise ValueError(f"{self.kg.folder}: no {split} triples to rank")
-        return rank_split(self.scorer, self.kg, name, limit, seed)
+            raise DataError(f"{self.kg.folder}: no {split} triples to rank")
+        return rank_split(scorer=self.scorer, kg=self.kg, split=name, limit=limit, seed=seed)
 
 
-def open_predictor(args, kg, device, dtype):
+def open_predictor(args: argparse.Namespace, kg: KG, device: torch.device,
+                   precision: str) -> Predictor:
     """The Predictor a checked command line names (evalcli.check_before_loading), on the device."""
     model, tokenizer, info = evalcli.load_model(args, device)
     check_seq_length(info["max_seq_length"], sum(info["prompts"]),
                      model.bert.config.max_position_embeddings, info["model"])
-    palt.hold_frozen_linears(model, dtype)  # a Predictor keeps its dtype: cast once, not per batch
-    scorer = Scorer(model, encode(kg, tokenizer), info["prompts"], info["max_seq_length"],
-                    device, dtype, args.tokens, args.compile)
+    # A Predictor keeps its precision: the frozen linears are cast once, not per batch.
+    palt.hold_frozen_linears(model, precision)
+    scorer = Scorer(model=model, enc=encode(kg, tokenizer), prompts=info["prompts"],
+                    max_seq_length=info["max_seq_length"], device=device, precision=precision,
+                    tokens=args.tokens, compile=args.compile)
     return Predictor(scorer, kg, tokenizer, info)
 
 
-def load(ckpt, data=None, data_dir=None, device=None, dtype="auto"):
+def load(ckpt: str | Path, data: str | None = None, data_dir: str | None = None,
+         device: str | None = None, precision: str = "auto") -> Predictor:
     """A Predictor from a checkpoint file or train.py run folder; its graph and entity text are the
     checkpoint's (data, data_dir: where that graph is, if not where it was). The command line's
-    checks, as ValueError."""
+    checks, as the project's errors (support/errors.py). precision: auto, fp32 or bf16, as
+    --dtype."""
     args = evalcli.parser(__doc__).parse_args(["--predict"])  # evaluate.py's defaults, no output
-    args.ckpt, args.data, args.data_dir, args.dtype = str(ckpt), data, data_dir, dtype
+    args.ckpt, args.data, args.data_dir, args.dtype = str(ckpt), data, data_dir, precision
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     _, kg, _, _ = evalcli.check_before_loading(args, shipped=False)
-    return open_predictor(args, kg, device, resolve_dtype(dtype, device))
+    return open_predictor(args, kg, device, resolve_dtype(precision, device))
 
 
 # ----------------------------------------------------------------------------- the command
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     """python evaluate.py: check everything the command line names, load, score, report."""
     t0 = time.time()
     args = evalcli.parse_args(argv, __doc__)
     shipped = args.ckpt is None and args.model is None
     try:
         meta, kg, out, state_dir = evalcli.check_before_loading(args, shipped)
-        ddp_rank, _, world_size, device, dtype = init_distributed(args.dtype)
-        check_compiler(args.compile, device)
-        predictor = open_predictor(args, kg, device, dtype)
+        procs = start_processes(args.dtype)
+        check_compiler(args.compile, procs.device)
+        predictor = open_predictor(args, kg, procs.device, procs.dtype)
         scorer = predictor.scorer
         if args.task == "predict":
-            if ddp_rank == 0:
-                predict.predict(args, scorer, kg, predictor.tokenizer, predictor.info)
+            if procs.rank == 0:
+                predict.predict(args=args, scorer=scorer, kg=kg, tokenizer=predictor.tokenizer,
+                                info=predictor.info)
             return
         if args.task == "lp":
-            result, state = link_prediction(args, scorer, kg, predictor.info, state_dir, ddp_rank,
-                                            world_size)
+            result, state = link_prediction(
+                args=args, scorer=scorer, kg=kg, info=predictor.info, state_dir=state_dir,
+                ddp_rank=procs.rank, world_size=procs.world_size)
         else:
-            result, state = triple_classification(args, scorer, kg, ddp_rank, world_size)
-        if ddp_rank == 0:
-            evalcli.report(args, argv, result, state, scorer, kg, predictor.info, meta, out, t0,
-                           world_size)
+            result, state = triple_classification(
+                args=args, scorer=scorer, kg=kg, ddp_rank=procs.rank, world_size=procs.world_size)
+        if procs.rank == 0:
+            evalcli.report(args=args, argv=argv, result=result, state=state, scorer=scorer, kg=kg,
+                           info=predictor.info, meta=meta, out=out, t0=t0,
+                           world_size=procs.world_size)
     except ERRORS as e:
         raise SystemExit(f"error: {e}") from None
     except Stopped as e:  # a ranking's finished queries are saved: the message says how to go on

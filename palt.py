@@ -26,13 +26,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bert import sdpa_mask
+from support.errors import ConfigError
 from support.hub import load_bert
 
 METHODS = ("palt", "finetune", "lora", "bitfit", "prompt", "probe")
-
-
-class ConfigError(ValueError):
-    """A PALT configuration that cannot work with this model (one line)."""
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ and 5 of MiniLM). Drawn: the attention of [CLS] (--token: another token's) per h
 them; --data, --ckpt and --model as evaluate.py takes them (default: umls and its shipped
 adapter). --compare: a second checkpoint or run folder, or a base model (minilm,
 bert-base-uncased, a model folder) zero-shot, drawn beside.
-curve: train.py's log (a run folder's log.txt, or a results/*.train.log): the train loss as
-logged (the mean since the epoch's start or a resume) and the dev metric against steps, the best
-dev point starred, several runs overlaid.
+curve: a run folder's metrics.jsonl (train.py writes it; older run folders: their log.txt), or a
+train log (results/*.train.log): the train loss as logged (the mean since the epoch's start or a
+resume) and the dev metric against steps, the best dev point starred, several runs overlaid.
 --out: the PNG to write; by default one named after what it draws, in the current folder
 (attention-HEAD-RELATION-TAIL.png, curve-RUN.png). matplotlib is optional: pip install matplotlib.
 """
@@ -32,8 +32,8 @@ import torch
 
 import data
 import palt
-from evaluate import ERRORS
-from support import evalcli, files, graphs, hub, predict
+from support.errors import ERRORS
+from support import evalcli, files, graphs, hub, predict, runlog
 from support.flags import FlagError
 
 DPI = 100
@@ -193,7 +193,9 @@ DEV_LINE = re.compile(r"^dev (?:after epoch (\d+)|at step (\d+) \(epoch ([\d.]+)
 # A resumed segment's line; logs before 2026-12-02 do not name the machine ("on ...").
 RESUMED_LINE = re.compile(r"^resumed from .*: epoch (\d+), step (\d+)(?:, on .*)?$")
 NUMBERS = {"mrr": r"\bmrr ([\d.]+)", "mr": r"\bMR ([\d.]+)", "hits@10": r"Hits@10 ([\d.]+)",
-           "accuracy": r"\baccuracy ([\d.]+)", "signal": r"^signal ([\d.]+)"}
+           "accuracy": r"\baccuracy ([\d.]+)",
+           # logs before 2026-12-07 name the inverse rank "signal"
+           "inverse_rank": r"^(?:inverse rank|signal) ([\d.]+)"}
 
 
 @dataclass
@@ -249,8 +251,8 @@ def dev_point(step, epoch, rest):
             point[name] = float(m.group(1))
     if "accuracy" in point:
         point.update(metric="accuracy", value=point["accuracy"], kind="accuracy")
-    elif "signal" in point:  # a big graph's estimate since 2026-11-29: MR and a signal, no MRR
-        point.update(metric="signal", value=point["signal"], kind="estimate")
+    elif "inverse_rank" in point:  # a big graph's estimate since 2026-11-29: MR, no MRR
+        point.update(metric="inverse_rank", value=point["inverse_rank"], kind="estimate")
     elif "mrr" in point:
         point.update(metric="mrr", value=point["mrr"], kind=dev_kind(rest))
     return point
@@ -294,12 +296,29 @@ def parse_log(text, name):
     return curve
 
 
+def metrics_curve(folder, name):
+    """The Curve of a run folder's metrics.jsonl (runlog.Metrics wrote it)."""
+    train, dev, starts = runlog.read_metrics(folder)
+    curve = Curve(name, total=train[-1]["total_steps"] if train else 0, restarts=starts)
+    curve.loss = [(r["step"], r["loss"]) for r in train]
+    curve.restarts += [a["step"] for a, b in zip(train, train[1:]) if b["epoch"] != a["epoch"]]
+    for r in dev:
+        kind = "estimate" if r.get("estimate") else "sampled" if r.get("sampled") else "all"
+        curve.dev.append(r | {"kind": "accuracy" if r["metric"] == "accuracy" else kind})
+    return curve
+
+
 def read_curve(path, name=None):
-    """The Curve of a run folder (its log.txt) or of a train log; named after the run folder, or
-    after the log's file name."""
+    """The Curve of a run folder (its metrics.jsonl, else its log.txt) or of a train log; named
+    after the run folder, or after the log's file name."""
     p = Path(path)
     if not p.exists():
         raise data.DataError(f"{p}: no such run folder or train log")
+    if p.is_dir() and (p / runlog.METRICS).is_file():
+        curve = metrics_curve(p, name or p.resolve().name)
+        if not curve.loss:
+            raise data.DataError(f"{p / runlog.METRICS}: no training records yet")
+        return curve
     log = p / "log.txt" if p.is_dir() else p
     if not log.is_file():
         raise data.DataError(f"{p}: a folder without log.txt (give a run folder of train.py, "
@@ -454,7 +473,7 @@ def draw_curves(plt, curves, logx=False):
             axes[2].plot([d["step"] for d in with_hits], [d["hits@10"] for d in with_hits], style,
                          color=colour, ms=3, lw=1)
     axes[0].set_ylabel("train loss as logged\n(mean since the epoch's start or a resume)")
-    names = {"mrr": "MRR", "signal": "1 / estimated rank"}
+    names = {"mrr": "MRR", "inverse_rank": "1 / estimated rank"}
     axes[1].set_ylabel("dev " + " / ".join(names.get(m, m) for m in metrics))
     if any(c.dev for c in curves):
         axes[1].legend(fontsize=8, loc="lower right")

@@ -322,7 +322,7 @@ def main():
         torch.set_num_threads(args.threads)
     if args.recipes:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        torch.backends.cuda.matmul.allow_tf32 = True  # as train.py (devices.init_distributed) sets it
+        torch.backends.cuda.matmul.allow_tf32 = True  # as train.py (devices.start_processes) sets it
         for name in (args.data if args.data != ap.get_default("data") else "wn18rr").split(","):
             recipe_speed(name, args.recipes.split(","), args, device)
         if args.attention:

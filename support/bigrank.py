@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from support import files
-from support.files import OutputError
+from support.errors import OutputError, Stopped
 
 NO_ROWS = np.zeros((0, 6), np.int64)  # no ranks yet: rows are (test triple, side, four ranks)
 EVERY_S = 50  # seconds between progress lines
@@ -20,9 +20,6 @@ FIRST_S = 10  # seconds of a wait before its first progress line
 PIECE_S = 10  # seconds of work between progress updates, once the rate is measured
 
 
-class Stopped(Exception):
-    """A ranking stopped before its end (Ctrl-C, or --stop-after-queries), its finished queries
-    saved: the message says how to resume. Not an error: the commands print it and exit 1."""
 
 
 def timed_pieces(n, first, most, seconds=PIECE_S):
@@ -271,7 +268,7 @@ def ranked_rows(args, lpq, kg, info, state_dir, rank_block, scorer, ddp_rank, wo
     settings = dict(checkpoint_sha256=info["identity"], data=kg.name,
                     data_fingerprint=kg.fingerprint, text=info["text"], prompts=info["prompts"],
                     max_seq_length=info["max_seq_length"], split=args.split,
-                    candidates=args.candidates, seed=args.seed, dtype=scorer.dtype)
+                    candidates=args.candidates, seed=args.seed, dtype=scorer.precision)
     state = State(state_dir, settings, ddp_rank, T)
     if dist.is_initialized():
         dist.barrier()  # every process has read the old state before any writes

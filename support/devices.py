@@ -1,11 +1,12 @@
 """Where the work runs: the autocast precision a CPU or GPU gets (on a CPU with native bf16, the
-faster of the two, timed once and cached), evaluate.py's torchrun processes, and torch.compile.
-Imports only support.files of the project."""
+faster of the two, timed once and cached), train.py's and evaluate.py's torchrun processes, and
+torch.compile. Imports only support.files and support.errors of the project."""
 import hashlib
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from support import files
+from support.errors import FlagError
 
 # autocast precisions: trained weights, optimizer state, loss and NSP head stay fp32; under bf16 the
 # encoder's frozen linears are held in bf16 (palt.hold_frozen_linears: cast once, bit-identical)
@@ -77,7 +79,7 @@ def resolve_dtype(choice, device, warn=False):
     warn (the process that logs): auto's choice and why, one line on stderr; a warning where bf16 is
     asked of a CPU that only emulates it. Under torchrun every process takes process 0's choice."""
     if choice not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, not {choice!r}")
+        raise FlagError(f"--dtype must be one of {', '.join(DTYPES)}, not {choice!r}")
     cpu = torch.device(device).type == "cpu"
     # An emulated bf16 runs far slower than fp32: say so where it is asked for.
     if choice == "bf16" and cpu and warn and not cpu_has_native_bf16():
@@ -158,23 +160,39 @@ def bf16_speedup(rows=TIMED_ROWS, hidden=TIMED_HIDDEN, repeats=3):
     return best["fp32"] / best["bf16"]
 
 
-def init_distributed(dtype_choice):
-    """evaluate.py's processes (train.py sets its own up in plain sight): (ddp_rank,
-    ddp_local_rank, world_size, device, dtype), a process group under torchrun (nccl on GPU, gloo on
-    CPU), else one process; dtype is the resolved autocast precision."""
+@dataclass(frozen=True)
+class Processes:
+    """This process among torchrun's (else one of one): where it runs and in which precision."""
+    rank: int  # process 0 logs, evaluates on dev, saves and writes the results
+    local_rank: int  # which GPU of its machine it takes
+    world_size: int
+    device: torch.device
+    dtype: str  # the autocast precision resolved: 'fp32' | 'bf16'
+
+    @property
+    def ddp(self) -> bool:
+        """Whether the processes form a group (torchrun), so that they wait for one another."""
+        return self.world_size > 1 or dist.is_initialized()
+
+
+def start_processes(dtype_choice: str) -> Processes:
+    """The one DDP set-up of train.py and evaluate.py, the nanoGPT way: under torchrun (it sets
+    RANK, LOCAL_RANK and WORLD_SIZE) a process group, nccl on GPUs, gloo on CPU cores, one device a
+    process; else one process. The precision is resolved once (resolve_dtype): process 0 says which
+    and why."""
     cuda = torch.cuda.is_available()
-    ddp_rank, ddp_local_rank, world_size = 0, 0, 1
+    rank, local_rank, world_size = 0, 0, 1
     if "RANK" in os.environ:
-        ddp_local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if cuda:
-            torch.cuda.set_device(ddp_local_rank)
+            torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl" if cuda else "gloo")
-        ddp_rank, world_size = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{ddp_local_rank}" if cuda else "cpu")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs on the GPU's tensor cores
     torch.backends.cudnn.allow_tf32 = True
-    dtype = resolve_dtype(dtype_choice, device, warn=ddp_rank == 0)
-    return ddp_rank, ddp_local_rank, world_size, device, dtype
+    dtype = resolve_dtype(dtype_choice, device, warn=rank == 0)
+    return Processes(rank, local_rank, world_size, device, dtype)
 
 
 def compiled(model, run):

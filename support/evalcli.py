@@ -14,7 +14,7 @@ import numpy as np
 import data
 import palt
 from data import DataError
-from support import files, graphs, predict
+from support import categories, files, graphs, predict
 from support.manifest import manifest
 from support.checkpoints import checkpoint_file, load_checkpoint, read_checkpoint
 from support.devices import DTYPES
@@ -69,7 +69,8 @@ def parser(doc):
     ap.add_argument("--seed", type=int, default=0, help="--limit: the subset and the bootstrap")
     ap.add_argument("--raw", action="store_true", help="--lp: print raw (unfiltered) ranks too "
                     "(always in the JSON)")
-    ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation")
+    ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation; "
+                    "--lp: also the relation categories 1-1, 1-N, N-1, N-N, by side")
     ap.add_argument("--topk", type=int, default=10)
     ap.add_argument("--shortlist", type=shortlist_size, help="--predict: score at most N "
                     f"candidates chosen as predict.py says, or all (default where a graph has over "
@@ -329,7 +330,7 @@ def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_siz
                     compile=args.compile, max_seq_length=info["max_seq_length"],
                     candidates=args.candidates, limit=args.limit, seed=args.seed,
                     tokens=scorer.tokens, world_size=world_size, device=str(scorer.device),
-                    dtype=scorer.dtype, padded_per_real_token=pad)
+                    dtype=scorer.precision, padded_per_real_token=pad)
     command = " ".join(["python evaluate.py", *map(str, argv or sys.argv[1:])])
     data = kg.name if benchmark(kg.name) else files.project_path(kg.folder)  # a graph's folder
     # which weights: the checkpoint's own (None for a base model zero-shot) and the base model's
@@ -395,6 +396,8 @@ def print_lp(result, raw):
         names = [("MR", "mr"), ("MRR", "mrr")] + [(f"H@{k}", f"hits@{k}") for k in ks]
         print("  " + "  ".join(f"{name} {shown(key, '.2f' if key == 'mr' else '.4f')}"
                                for name, key in names))
+    if "by_category" in result:
+        categories.print_table(result["by_category"])
     return [f"{r['mr']:.2f}"] + [shown(key) for key in ["mrr"] + [f"hits@{k}" for k in ks]]
 
 

@@ -1,5 +1,6 @@
 """Files, the ground floor every other module stands on: reading and writing them safely (one-line
-errors, atomic writes) and naming them relative to the project. Imports nothing of the project."""
+errors, atomic writes) and naming them relative to the project. Imports only support.errors of the
+project."""
 import fcntl
 import hashlib
 import os
@@ -7,6 +8,8 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+
+from support.errors import OutputError
 
 # the project: shipped adapters in ROOT/weights, paths in results relative to it
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,11 +66,6 @@ def check_writable(folder, what):
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         raise OutputError(f"{what}: cannot write in {folder} ({e.strerror or e})") from None
-
-
-class OutputError(ValueError):
-    """An output folder or file that cannot be used or written (not a folder, in use by another
-    process, a damaged state of ours, a full disk); the message is one line naming it."""
 
 
 HELD = {}  # folder -> its lock file, held open by this process (until release_folder)

@@ -12,14 +12,11 @@ from pathlib import Path
 
 from data import DataError
 from palt import METHODS, param_report
+from support.errors import FlagError
 from support.graphs import DATASETS, TEXTS, dataset
 from support.devices import DTYPES
 from support.files import project_path
 from support.hub import has_nsp_head
-
-class FlagError(ValueError):
-    """A flag, or a combination of flags, that cannot work; the message is one line naming it."""
-
 
 # The settings that a recipe may set and otherwise take these values.
 FALLBACKS = {"hard_negatives": 0.0, "warmup": 0.1, "adam_beta2": 0.999, "adam_eps": 1e-8,

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from data import KG, DataError, triple_keys
+from support.errors import FlagError
 from support.files import read_text, readable
 
 OWN_TEXTS = {"name": "entity2text.txt", "long": "entity2textlong.txt",
@@ -204,7 +205,7 @@ def load_kg(spec, data_dir=None, text="name"):
     errors."""
     name, folder, task = dataset(spec, data_dir)
     if text not in TEXTS:
-        raise ValueError(f"text must be one of {TEXTS}, not {text!r}")
+        raise FlagError(f"--text must be one of {', '.join(TEXTS)}, not {text!r}")
     own_graph = str(spec).lower() not in DATASETS
     if not folder.is_dir():
         raise DataError(f"{folder}: no such dataset folder (python -m support.hub --download "

@@ -10,6 +10,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from bert import BertConfig, CheckpointError
 from support.files import readable
 
+SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]")  # what a sentence pair needs (data.encode)
+
 
 def read_json(path):
     """The JSON object in a file, or CheckpointError in one line."""
@@ -47,7 +49,11 @@ def load_tokenizer(model_dir):
     was trained."""
     d = Path(model_dir)
     if (d / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(readable(d / "tokenizer.json", CheckpointError))
+        path = readable(d / "tokenizer.json", CheckpointError)
+        try:
+            tok = Tokenizer.from_file(path)
+        except Exception as e:  # tokenizers raises a bare Exception for any file it cannot read
+            raise CheckpointError(f"{path}: not a tokenizer file ({e})") from None
     elif (d / "vocab.txt").is_file():
         conf = {}
         if (d / "tokenizer_config.json").is_file():
@@ -63,6 +69,10 @@ def load_tokenizer(model_dir):
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     else:
         raise CheckpointError(f"{d}: neither tokenizer.json nor vocab.txt")
+    # A tokenizer without BERT's special tokens cannot build a sentence pair: refused at load.
+    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    if missing:
+        raise CheckpointError(f"{d}: the tokenizer lacks {', '.join(missing)}")
     # shipped tokenizer.json files may pad/truncate to a fixed length; we do our own
     tok.no_padding()
     tok.no_truncation()

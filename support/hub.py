@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 import bert
 import data
 from support import graphs, hf
+from support.errors import ERRORS, DownloadError
 from support.files import ROOT, sha256_file
 
 WEIGHTS = Path(os.environ.get("PALT_WEIGHTS", ROOT / "weights"))  # downloaded base models
@@ -39,11 +40,6 @@ HUB_FILES = ("config.json", "tokenizer_config.json", "vocab.txt", "model.safeten
 KGBERT_URL = "https://raw.githubusercontent.com/yao8839836/kg-bert/master/data"
 # KG-BERT's files, as `sha256sum -c` reads them
 SHA256SUMS = Path(__file__).with_name("data.sha256")
-
-
-class DownloadError(ValueError):
-    """A model or data file that cannot be had (a download failed or did not check out, no such
-    model folder): one line naming it, and where to put the files instead."""
 
 
 def download(url, dest, sha256=None, size=None):
@@ -294,7 +290,7 @@ def main(argv=None):
             stats(args.data_dir, args.model, args.text)
         if args.check:
             check(args.check)
-    except (DownloadError, data.DataError, bert.CheckpointError) as e:
+    except ERRORS as e:
         raise SystemExit(f"error: {e}") from None
 
 

@@ -163,7 +163,7 @@ class Shortlist:
         emb, s = self.embeddings(), self.scorer
         vec = emb[self.pos[entities[inside]]]
         if not inside.all():
-            new = entity_embeddings(s.model.bert, entities[~inside], s.enc, s.device, s.dtype)
+            new = entity_embeddings(s.model.bert, entities[~inside], s.enc, s.device, s.precision)
             vec = torch.cat([vec, new])
         sim = (emb @ vec.T).max(1).values
         return self.cand[sim.topk(min(self.size, len(sim))).indices.numpy()]
@@ -179,7 +179,7 @@ class Shortlist:
                 # Minutes on a big graph: said now, before the progress lines begin.
                 print(f"the shortlist's entity embeddings: embedding all {len(self.cand):,} "
                       f"candidates once (cached in {self.folder})", file=sys.stderr, flush=True)
-                emb = entity_embeddings(s.model.bert, self.cand, s.enc, s.device, s.dtype)
+                emb = entity_embeddings(s.model.bert, self.cand, s.enc, s.device, s.precision)
                 self.emb = emb.cpu()
                 save(path, self.emb.half().numpy())
                 self.built.append(("entity embeddings", time.time() - t))

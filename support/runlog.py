@@ -1,13 +1,22 @@
 """A training run's log and its stop: the log line's figures (Meter), print0 and log0 (process 0
-prints, and writes out/log.txt), and the signals that end a run after the step under way."""
+prints, and writes out/log.txt), the run's metrics file (Metrics: out/metrics.jsonl, and TensorBoard
+event files with --tensorboard), and the signals that end a run after the step under way."""
+import json
 import signal
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from support.errors import DataError, FlagError
+
 STOP = []  # the signals received: SIGINT (Ctrl-C) or SIGTERM end a run after the step under way
+METRICS = "metrics.jsonl"  # a run folder's training record, a JSON object a line
+NO_TENSORBOARD = "--tensorboard needs the tensorboard package: pip install tensorboard"
+# A dev point's figures that are counts or flags, not curves: no TensorBoard scalar of their own.
+NOT_SCALARS = ("step", "epoch", "total_steps", "triples", "candidates", "value")
 
 
 class Meter:
@@ -27,15 +36,28 @@ class Meter:
         self.n_real += int(batch["attention_mask"].sum())
         self.n_padded += batch["input_ids"].numel()
 
-    def line(self, epoch_index, epochs, step, total_steps, lr, n_triples, tr):
-        """The log line of the epoch so far (the loss's one .item(), here)."""
+    def figures(self, epoch_index: int, step: int, total_steps: int, lr: float, n_triples: int,
+                world_size: int) -> dict:
+        """The figures of the epoch so far, for the log line and the metrics file (the loss's one
+        .item(), here): the loss is the mean since the epoch's start (or a resume)."""
         dt = time.time() - self.t0
-        loss = self.loss_sum.item() / self.n_steps
-        per_s = self.n_steps * n_triples * tr.world_size / dt
-        eta = (total_steps - step) * dt / self.n_steps / 60
-        return (f"epoch {epoch_index + 1}/{epochs} step {step}/{total_steps} loss {loss:.4f} "
-                f"lr {lr:.2e} seq/s {per_s:.0f} padded/real {self.n_padded / self.n_real:.2f} "
-                f"{tr.dtype} eta {eta:.1f}m")
+        return {"kind": "train", "step": step, "total_steps": total_steps,
+                "epoch": epoch_index + 1, "loss": self.loss_sum.item() / self.n_steps, "lr": lr,
+                "seq_per_s": self.n_steps * n_triples * world_size / dt,
+                "padded_per_real": self.n_padded / self.n_real,
+                "eta_min": (total_steps - step) * dt / self.n_steps / 60}
+
+    def line(self, epoch_index, epochs, step, total_steps, lr, n_triples, tr):
+        """The log line of the epoch so far."""
+        f = self.figures(epoch_index, step, total_steps, lr, n_triples, tr.world_size)
+        return self.format_line(f, epochs, tr.dtype)
+
+    @staticmethod
+    def format_line(f: dict, epochs: int, precision: str) -> str:
+        """The log line of a step's figures (Meter.figures)."""
+        return (f"epoch {f['epoch']}/{epochs} step {f['step']}/{f['total_steps']} loss "
+                f"{f['loss']:.4f} lr {f['lr']:.2e} seq/s {f['seq_per_s']:.0f} padded/real "
+                f"{f['padded_per_real']:.2f} {precision} eta {f['eta_min']:.1f}m")
 
     def wall(self):
         """The run's training seconds so far, the resumed segments' included."""
@@ -49,6 +71,68 @@ class Meter:
         spent = time.time()
         yield
         self.t0 += time.time() - spent
+
+
+def check_tensorboard() -> None:
+    """--tensorboard, before the model loads: FlagError in one line where the tensorboard package
+    (an optional extra) is not installed."""
+    try:
+        import torch.utils.tensorboard  # noqa: F401 (it needs the tensorboard package)
+    except ImportError:
+        raise FlagError(NO_TENSORBOARD) from None
+
+
+class Metrics:
+    """A run's training record in out/metrics.jsonl, a JSON object a line, appended: "start" at
+    each segment's start (a resumed run does the steps after its state's step again), "train" at
+    each logged step (Meter.figures), "dev" at each dev point (its figure). plot.py curve draws
+    it; tensorboard: the same figures as TensorBoard event files in out, where people already look
+    at curves (check_tensorboard first)."""
+
+    def __init__(self, out: Path, tensorboard: bool = False):
+        self.path = Path(out) / METRICS
+        self.board = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self.board = SummaryWriter(log_dir=str(out))
+
+    def write(self, record: dict) -> None:
+        """One record: a line of the file, and its numbers as TensorBoard scalars."""
+        with open(self.path, "a") as f:
+            print(json.dumps(record), file=f, flush=True)
+        if self.board is None or record["kind"] == "start":
+            return
+        scalars = {k: v for k, v in record.items() if k not in NOT_SCALARS
+                   and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if record["kind"] == "dev":  # the dev figure under its own name: mrr, accuracy, ...
+            scalars[record["metric"]] = record["value"]
+        for name, value in scalars.items():
+            self.board.add_scalar(f"{record['kind']}/{name}", value, record["step"])
+        self.board.flush()
+
+
+def read_metrics(folder: Path) -> tuple[list, list, list]:
+    """(train records, dev records, the steps where a segment started) of a run folder's
+    metrics.jsonl; a segment's start forgets the records after its step (done again)."""
+    path = Path(folder) / METRICS
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror or e})") from None
+    train, dev, starts = [], [], []
+    for n, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            kind, step = record["kind"], int(record["step"])
+        except (ValueError, KeyError, TypeError):
+            raise DataError(f"{path}:{n}: not a record of train.py's metrics file") from None
+        if kind == "start":
+            train = [r for r in train if r["step"] <= step]
+            dev = [r for r in dev if r["step"] <= step]
+            starts.append(step)
+        elif kind in ("train", "dev"):
+            (train if kind == "train" else dev).append(record)
+    return train, dev, starts
 
 
 def stop_requested(step, every, ddp):

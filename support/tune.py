@@ -64,8 +64,8 @@ except ImportError:  # an optional extra: main says how to install it
 import palt
 import plot
 import train
-from evaluate import ERRORS
 from support import devices, files, flags, hub
+from support.errors import ERRORS, Stopped, TuneError
 from support.checkpoints import read_checkpoint
 from support.graphs import load_kg
 
@@ -137,12 +137,6 @@ OWN_FLAGS = ("data", "model", "recipe", "data_dir", "seed", "out", "resume", "fi
              "method", "dev_limit")
 
 
-class TuneError(ValueError):
-    """A search that cannot start or go on (one line)."""
-
-
-class Stopped(Exception):
-    """A signal ended the search; its running trial resumes with the same command."""
 
 
 @dataclass
@@ -764,9 +758,11 @@ def search(args):
     the best trial's train.py line."""
     out = Path(args.out or f"runs/tune-{Path(args.data).name.lower()}-{args.method}")
     params = search_space(args.method, args.space, args.max_epochs, args.model, args.positives)
-    args.n_train = 0
-    if args.positives:
-        args.n_train = len(load_kg(args.data, args.data_dir).train)
+    kg = load_kg(args.data, args.data_dir)
+    if not len(kg.dev):  # a trial's value is its dev figure: without dev, every trial would fail
+        raise TuneError(f"--data {args.data}: no dev split ({kg.split_files['dev']}), and a "
+                        "trial is judged by its dev figure: add one")
+    args.n_train = len(kg.train) if args.positives else 0
     check_train_args(args, params)
     check_with_train(args, params, out)
     point, tried = None, ""
@@ -960,7 +956,7 @@ def main(argv=None):
     except Stopped as e:
         print(f"stopped ({e}): the same command resumes the search", flush=True)
         return 130
-    except (TuneError, *ERRORS) as e:
+    except ERRORS as e:
         raise SystemExit(f"error: {e}") from None
     return 0
 

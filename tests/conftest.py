@@ -101,5 +101,5 @@ def pytest_configure(config):
 
 @pytest.fixture
 def device():
-    """The device train.py and evaluate.py pick (devices.init_distributed), for tests that build a Scorer themselves."""
+    """The device train.py and evaluate.py pick (devices.start_processes), for tests that build a Scorer themselves."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

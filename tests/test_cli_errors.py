@@ -197,6 +197,15 @@ def queries_file(content):
     return setup
 
 
+def bert_copy(name, content):
+    """A copy of the tiny BERT in tmp/name with the file `name` (tokenizer.json, vocab.txt) holding `content`."""
+    def setup(w, tmp):
+        shutil.copytree(w.root / "bert", tmp / "model")
+        (tmp / "model" / name).write_text(content)
+        return {"model": tmp / "model"}
+    return setup
+
+
 def read_only_folder(w, tmp):
     (tmp / "ro").mkdir()
     (tmp / "ro").chmod(0o555)
@@ -260,6 +269,10 @@ CASES = [
     C("train-batch-too-big", "a batch bigger than the 60 train triples", train("--batch", "100"), ("--batch 100", "60")),
     C("train-model-missing", "a model folder that is not there", train("--model", "{tmp}/nosuchdir"), ("{tmp}/nosuchdir",)),
     C("train-model-bad-config", "a config.json that is not JSON", train("--model", "{badjson}"), ("{badjson}/config.json",)),
+    C("train-model-bad-tokenizer", "a tokenizer.json that is not JSON", train("--model", "{model}"),
+      ("{model}/tokenizer.json", "not a tokenizer file"), setup=bert_copy("tokenizer.json", '{"version": "1.0",\n')),
+    C("train-model-tokenizer-no-cls", "a vocabulary without [CLS]", train("--model", "{model}"),
+      ("{model}", "the tokenizer lacks [CLS]"), setup=bert_copy("vocab.txt", "[PAD]\n[UNK]\n[SEP]\nw0\n")),
     C("train-text-long-umls", "--text long without entity2textlong.txt", train("--text", "long"),
       ("{data}/umls/entity2textlong.txt", "--text long")),
     C("train-text-long-fb13", "--text long on FB13 without its descriptions (entity2text.txt)",
@@ -338,6 +351,9 @@ CASES = [
       evaluate("--tc", "--data", "umls", "--ckpt", "{run}", "--out", "{tmp}/r.json"), ("umls", "triple classification")),
     C("eval-text-disagrees", "--text long for a checkpoint trained on names",
       evaluate("--lp", "--ckpt", "{run}", "--text", "long", "--out", "{tmp}/r.json"), ("{run}/best.safetensors", "--text")),
+    C("eval-zero-shot-bad-tokenizer", "zero-shot with a tokenizer.json that is not JSON",
+      evaluate("--lp", "--data", "umls", "--model", "{model}", "--out", "{tmp}/r.json"),
+      ("{model}/tokenizer.json", "not a tokenizer file"), setup=bert_copy("tokenizer.json", "[]\n")),
     C("eval-zero-shot-headless", "zero-shot with a model without NSP head",
       evaluate("--lp", "--data", "umls", "--model", "{headless}", "--out", "{tmp}/r.json"), ("{headless}", "NSP head")),
     C("eval-predict-near-names", "a misspelt entity: the nearest names are suggested",
@@ -385,6 +401,8 @@ CASES = [
       ("{badheads}/config.json", "num_attention_heads 5")),
     C("bert-check-bad-json", "a config.json that is not JSON", ["-m", "support.hub", "--check", "{badjson}"],
       ("{badjson}/config.json",)),
+    C("bert-check-bad-tokenizer", "a tokenizer.json that is not JSON", ["-m", "support.hub", "--check", "{model}"],
+      ("{model}/tokenizer.json", "not a tokenizer file"), setup=bert_copy("tokenizer.json", "not json\n")),
 ]
 
 

@@ -876,7 +876,7 @@ def test_the_python_api_gives_what_the_command_line_gives(trained, lp_root, tmp_
     """evaluate.load: score, predict and rank are the numbers evaluate.py prints and writes, entities named by id or
     text."""
     ckpt, model, kg, enc = trained
-    api = evaluate.load(ckpt, data_dir=lp_root, dtype="fp32")
+    api = evaluate.load(ckpt, data_dir=lp_root, precision="fp32")
     # score: by id or text, as the Scorer scores the indices
     got = api.score([("e0", "part of", "river bank"), ("apple", "r1", "e5")])
     want = evaluate.Scorer(model, enc, (2, 1, 1), 12).numpy(np.array([(0, 0, 1), (0, 1, 5)]))
@@ -901,12 +901,12 @@ def test_a_bf16_predictor_holds_its_frozen_linears_in_bf16_and_scores_bit_identi
     """Under bf16 a Predictor casts the encoder's frozen linears once (autocast would cast them at every batch): the
     scores are those of the fp32-held weights under bf16 autocast, bit for bit; what PALT trained stays fp32."""
     ckpt, model, kg, enc = trained
-    api = evaluate.load(ckpt, data_dir=lp_root, dtype="bf16")
+    api = evaluate.load(ckpt, data_dir=lp_root, precision="bf16")
     held = api.scorer.model
     assert {p.dtype for n, p in held.named_parameters() if ".layers." in n and ".ln" not in n} == {torch.bfloat16}
     assert {p.dtype for n, p in held.named_parameters() if not n.startswith("bert.")} == {torch.float32}
     triples = np.array([(h, r, t) for h in range(6) for r in range(2) for t in range(6)])
-    want = evaluate.Scorer(model, enc, (2, 1, 1), 12, dtype="bf16").numpy(triples)  # fp32 weights, autocast
+    want = evaluate.Scorer(model, enc, (2, 1, 1), 12, precision="bf16").numpy(triples)  # fp32 weights, autocast
     assert np.array_equal(api.scorer.numpy(triples), want)
 
 
@@ -927,7 +927,7 @@ def test_the_python_api_ranks_the_splits_a_folder_names(trained, lp_root, tmp_pa
     """rank(split=) takes train, test and dev or valid (one split, whichever file the folder has); any other name is a
     ValueError naming the splits the graph has."""
     ckpt, *_ = trained
-    api = evaluate.load(ckpt, data_dir=lp_root, dtype="fp32")
+    api = evaluate.load(ckpt, data_dir=lp_root, precision="fp32")
     assert api.rank("valid", limit=2) == api.rank("dev", limit=2)
     assert api.rank("train", limit=2)["mrr"] > 0
     with pytest.raises(ValueError, match=rf"^split 'validation': {re.escape(str(lp_root / 'umls'))} has train, dev, test$"):
@@ -1117,3 +1117,65 @@ def test_a_wait_says_how_far_it_is_within_10_s_then_at_least_once_a_minute_and_e
     quick.update(5)
     quick.end()
     assert capsys.readouterr().err == ""
+
+# ----------------------------------------------------------------------------- relation categories
+# A hand-made train split with one relation of each category: r0 1-1; r1 1-N (head 0 has three tails: 4 facts over
+# 2 heads, tph 2); r2 N-1 (tail 0 has three heads: hpt 2); r3 N-N (tph = hpt = 2; one fact listed twice counts once);
+# r4 sits on the threshold (3 facts over 2 heads: tph 1.5, which is N).
+CATEGORY_TRAIN = [(0, 0, 1), (2, 0, 3), (4, 0, 5),
+                  (0, 1, 1), (0, 1, 2), (0, 1, 3), (4, 1, 5),
+                  (1, 2, 0), (2, 2, 0), (3, 2, 0), (5, 2, 4),
+                  (0, 3, 1), (0, 3, 2), (1, 3, 1), (1, 3, 2), (0, 3, 1),
+                  (6, 4, 7), (6, 4, 8), (9, 4, 1)]
+CATEGORY_TEST = [(6, 0, 7), (8, 1, 9), (8, 1, 6), (7, 2, 9), (6, 3, 8), (2, 4, 3)]
+
+
+def test_relation_categories_count_tails_per_head_and_heads_per_tail_against_one_and_a_half():
+    from support import categories
+    names, ratios = categories.relation_categories(np.array(CATEGORY_TRAIN), 6)
+    assert list(names) == ["1-1", "1-N", "N-1", "N-N", "1-N", ""]  # r5 has no train triple
+    np.testing.assert_allclose(ratios[:5], [[1, 1], [2, 1], [1, 2], [2, 2], [1.5, 1]])
+    assert np.isnan(ratios[5]).all()
+
+
+def test_by_category_splits_ranks_by_category_and_side():
+    from support import categories
+    table = categories.by_category(relation=np.array([0, 0, 1, 1, 2]), side=np.array([0, 1, 0, 1, 0]),
+                                   triple=np.array([0, 0, 1, 1, 2]), query=np.array([0, 1, 2, 3, 4]),
+                                   optimistic=np.array([1, 2, 1, 3, 1]), pessimistic=np.array([1, 2, 3, 3, 1]),
+                                   categories=np.array(["1-1", "N-N", ""], dtype=object))
+    one = table["1-1"]
+    assert (one["relations"], one["triples"], one["head"]["queries"], one["tail"]["ranks"]) == (1, 1, 1, 1)
+    assert one["head"]["metrics"] == {"mr": 1.0, "mrr": 1.0, "hits@1": 1.0, "hits@10": 1.0}
+    assert one["tail"]["metrics"] == {"mr": 2.0, "mrr": 0.5, "hits@1": 0.0, "hits@10": 1.0}
+    assert one["both"]["metrics"]["mrr"] == 0.75
+    many = table["N-N"]
+    assert many["head"]["metrics"]["mrr"] == 0.5 and many["tail"]["metrics"]["mrr"] == pytest.approx(1 / 3)
+    assert table["1-N"]["both"] == {"ranks": 0, "queries": 0, "metrics": None}
+    assert table["uncategorised"] == {"ranks": 1}
+
+
+def test_lp_per_relation_reports_the_categories_of_a_hand_made_graph(tiny_bert, tmp_path, capsys):
+    d = tmp_path / "data" / "cats"
+    d.mkdir(parents=True)
+    (d / "entity2text.txt").write_text("".join(f"e{i}\t{w}\n" for i, w in enumerate(WORDS[:10])))
+    (d / "relation2text.txt").write_text("".join(f"r{r}\t{w}\n" for r, w in enumerate(
+        ["part of", "similar to", "made of", "kind of", "next to"])))
+    line = lambda t: f"e{t[0]}\tr{t[1]}\te{t[2]}\n"
+    (d / "train.tsv").write_text("".join(map(line, CATEGORY_TRAIN)))
+    (d / "dev.tsv").write_text(line((2, 0, 5)))
+    (d / "test.tsv").write_text("".join(map(line, CATEGORY_TEST)))
+    got = run_cli("--lp", "--data", d, "--model", tiny_bert, "--per-relation", "--out", tmp_path / "r.json")
+    assert {k: v["category"] for k, v in got["relation_categories"].items()} == {
+        "r0": "1-1", "r1": "1-N", "r2": "N-1", "r3": "N-N", "r4": "1-N"}
+    table = got["by_category"]
+    counts = {name: (table[name]["relations"], table[name]["triples"], table[name]["head"]["queries"],
+                     table[name]["tail"]["queries"]) for name in ("1-1", "1-N", "N-1", "N-N")}
+    # 1-N: r1's two test triples share their tail query (8, r1, ?), and r4's triple adds one of each
+    assert counts == {"1-1": (1, 1, 1, 1), "1-N": (2, 3, 3, 2), "N-1": (1, 1, 1, 1), "N-N": (1, 1, 1, 1)}
+    # the categories partition the ranks: their MRRs, weighted by ranks, give the overall one
+    both = [table[name]["both"] for name in ("1-1", "1-N", "N-1", "N-N")]
+    weighted = sum(b["ranks"] * b["metrics"]["mrr"] for b in both) / sum(b["ranks"] for b in both)
+    assert weighted == pytest.approx(got["metrics"]["filtered"]["both"]["realistic"]["mrr"])
+    assert table["uncategorised"] == {"ranks": 0}
+    assert "by relation category" in capsys.readouterr().out

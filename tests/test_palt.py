@@ -200,7 +200,17 @@ def test_every_unreadable_file_says_permission_denied_not_missing(base, tmp_path
 def test_bf16_on_a_cpu_without_native_bf16_warns_in_one_line(monkeypatch, capsys):
     from support import devices
     monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: False)
-    assert devices.init_distributed("bf16")[4] == "bf16"
+    assert devices.start_processes("bf16").dtype == "bf16"
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("warning: this CPU has no native bf16") and "emulated" in line
-    assert devices.init_distributed("fp32")[4] == "fp32" and capsys.readouterr().err == ""
+    assert devices.start_processes("fp32").dtype == "fp32" and capsys.readouterr().err == ""
+
+
+def test_a_precision_or_text_not_known_is_one_of_the_projects_errors_in_one_line():
+    from pathlib import Path
+    from support import devices, graphs
+    from support.errors import ERRORS
+    with pytest.raises(ERRORS, match=r"^--dtype must be one of auto, fp32, bf16, not 'fp16'$"):
+        devices.resolve_dtype("fp16", "cpu")
+    with pytest.raises(ERRORS, match=r"^--text must be one of name, long, description, not 'x'$"):
+        graphs.load_kg(Path(__file__).parent / "example_kg", text="x")

@@ -191,15 +191,16 @@ def test_the_parser_reads_what_train_py_writes():
     assert steps == [20, 40, 60, 60, 80] and losses[2] != losses[2]  # a NaN breaks the line
 
 
-def test_a_big_graphs_estimate_reads_as_a_signal_not_an_mrr():
-    """Since 2026-11-29 a stratified dev estimate logs MR and a signal (1 / the estimated rank, ~2x the MRR), no MRR:
-    the curve plots the signal under its own name."""
+@pytest.mark.parametrize("name", ["signal", "inverse rank"])  # before 2026-12-07 the inverse rank was "signal"
+def test_a_big_graphs_estimate_reads_as_an_inverse_rank_not_an_mrr(name):
+    """Since 2026-11-29 a stratified dev estimate logs MR and an inverse rank (1 / the estimated rank, above the MRR),
+    no MRR: the curve plots it under its own name."""
     log = ("epoch 1/1 step 20/20 loss 0.7000 lr 1e-4\n"
-           "dev after epoch 1: signal 0.2464, MR 504.73 on 50 dev triples (stratified estimate, 170 candidates scored a "
+           f"dev after epoch 1: {name} 0.2464, MR 504.73 on 50 dev triples (stratified estimate, 170 candidates scored a "
            "query: MR unbiased; the signal, the mean of 1 / an estimated rank, orders checkpoints as the exact MRR does "
            "but runs ~2x it: not an MRR) (best so far)\n")
     (d,) = plot.parse_log(log, "fb").dev
-    assert d == {"step": 20, "epoch": 1.0, "mr": 504.73, "signal": 0.2464, "metric": "signal", "value": 0.2464,
+    assert d == {"step": 20, "epoch": 1.0, "mr": 504.73, "inverse_rank": 0.2464, "metric": "inverse_rank", "value": 0.2464,
                  "kind": "estimate"}
 
 
@@ -266,6 +267,67 @@ def test_curves_png_of_several_runs_and_write_curve(tmp_path, monkeypatch, capsy
     assert png_width(run / "curve-run+other.png") >= 800
     assert plot.write_curve(run) == run / "curve.png" and png_width(run / "curve.png") >= 800
     assert plot.write_curve(tmp_path / "no-run") is None and not (tmp_path / "no-run").exists()
+
+
+def write_metrics(folder, tensorboard=False):
+    """A run's metrics.jsonl as runlog.Metrics writes it: two epochs of 4 steps logged every 2, a dev point at each
+    epoch's end, stopped after step 6 and resumed from step 4 (steps 5 and 6 done again, their loss lower)."""
+    from support import runlog
+    folder.mkdir(exist_ok=True)
+    metrics = runlog.Metrics(folder, tensorboard=tensorboard)
+    train = lambda step, loss: {"kind": "train", "step": step, "total_steps": 8, "epoch": 1 + (step - 1) // 4,
+                                "loss": loss, "lr": 1e-3, "seq_per_s": 50.0, "padded_per_real": 1.1, "eta_min": 0.1}
+    dev = lambda step, mrr: {"kind": "dev", "step": step, "epoch": step / 4, "metric": "mrr", "value": mrr, "mr": 3.0,
+                             "hits@10": 0.9, "triples": 5, "candidates": 20, "sampled": False, "estimate": False}
+    records = [{"kind": "start", "step": 0}, train(2, 0.69), train(4, 0.6), dev(4, 0.3), train(6, 0.9),
+               {"kind": "start", "step": 4}, train(6, 0.5), train(8, 0.4), dev(8, 0.5)]
+    for r in records:
+        metrics.write(r)
+    return metrics
+
+
+def test_metrics_jsonl_of_a_resumed_run_reads_back_as_its_curve(tmp_path, capsys):
+    write_metrics(tmp_path / "run")
+    (tmp_path / "run" / "log.txt").write_text("epoch 1/2 step 2/8 loss 9.0000 lr 1e-3\n")  # metrics.jsonl comes first
+    c = plot.read_curve(tmp_path / "run")
+    assert c.name == "run" and c.total == 8
+    assert c.loss == [(2, 0.69), (4, 0.6), (6, 0.5), (8, 0.4)]  # the first step 6 was done again after the resume
+    assert [(d["step"], d["value"], d["kind"]) for d in c.dev] == [(4, 0.3, "all"), (8, 0.5, "all")]
+    steps, losses = c.loss_line()
+    assert steps == [2, 4, 6, 6, 8] and losses[2] != losses[2]  # the epoch's new mean (and the resume) break the line
+    out = tmp_path / "c.png"
+    plot.main(["curve", str(tmp_path / "run"), "--out", str(out)])
+    assert capsys.readouterr().out.splitlines()[0] == "run: 4 loss points to step 8 of 8, 2 dev points, best mrr 0.5000 at step 8"
+    assert png_width(out) >= 800
+    from support import picture
+    assert picture.write_curve(tmp_path / "run") == tmp_path / "run" / "curve.png"
+    assert png_width(tmp_path / "run" / "curve.png") >= 600
+
+
+def test_a_damaged_metrics_file_is_one_line(tmp_path):
+    write_metrics(tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train"\n')
+    message = one_line_error(["curve", tmp_path / "run", "--out", tmp_path / "c.png"])
+    assert message == f"error: {tmp_path / 'run' / 'metrics.jsonl'}:10: not a record of train.py's metrics file"
+
+
+def test_tensorboard_event_files_hold_the_metrics_and_without_the_package_one_line(tmp_path, monkeypatch):
+    from support import runlog
+    from support.errors import FlagError
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    write_metrics(tmp_path / "run", tensorboard=True).board.close()
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("train/loss")] == [(2, 0.69), (4, 0.6), (6, 0.9),
+                                                                                   (6, 0.5), (8, 0.4)]
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("dev/mrr")] == [(4, 0.3), (8, 0.5)]
+    assert "dev/triples" not in events.Tags()["scalars"]
+    runlog.check_tensorboard()  # installed: no error
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # `import torch.utils.tensorboard`: ImportError
+    with pytest.raises(FlagError, match="^--tensorboard needs the tensorboard package: pip install tensorboard$"):
+        runlog.check_tensorboard()
 
 
 # ------------------------------------------------------------------------- bad input

@@ -391,7 +391,7 @@ def test_hard_negatives_and_a_stratified_dev_estimate(setup, tmp_path, capsys, m
     train.main(train.parse_args(args(setup, tmp_path, "--epochs", "1", "--hard-negatives", "0.5", "--dev-near", "3",
                                      "--dev-sample", "2", "--dtype", "fp32")))
     out = capsys.readouterr().out
-    assert "nearest 32 entities of each entity by the frozen encoder" in out and "dev after epoch 1: signal" in out
+    assert "nearest 32 entities of each entity by the frozen encoder" in out and "dev after epoch 1: inverse rank" in out
     dev = [line for line in out.splitlines() if line.startswith("dev after epoch 1")][0]
     assert " MR " in dev and "mrr" not in dev and dev.endswith("runs ~2x it: not an MRR) (best so far)")  # no MRR
     assert got["near"].shape[1] == 3

@@ -182,6 +182,18 @@ def test_a_report_of_a_folder_without_a_study_is_one_line(tmp_path):
     assert e.value.code == f"error: --report: {tmp_path} holds no study.db"
 
 
+def test_a_search_on_a_graph_without_dev_is_refused_in_one_line_before_any_trial(bert_dir, tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    for split in ("train", "test"):
+        (own / f"{split}.tsv").write_bytes((ROOT / EXAMPLE / f"{split}.tsv").read_bytes())
+    with pytest.raises(SystemExit) as e:
+        tune.main(command(bert_dir, tmp_path / "s", space=CHEAP)[:-3] + ["--data", str(own)])
+    assert e.value.code == (f"error: --data {own}: no dev split ({own / 'dev.tsv'}), and a trial is judged by its "
+                            "dev figure: add one")
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_trial_behind_the_median_at_its_first_dev_point_is_pruned_there(bert_dir, tmp_path, monkeypatch):
     """--pruner median --startup-trials 1: once one trial has finished, a trial whose first dev figure is below the
     finished one's at the same epoch ends there. An lr of 1e-7 leaves the tiny BERT as it starts; 1e-2 wrecks it."""
