@@ -28,6 +28,7 @@ from bert import autocast
 from data import KG, DataError, Encoded, build_batch, encode, seq_lengths, to_device
 from support import bigrank, categories, evalcli, predict
 from support.devices import resolve_dtype, start_processes
+from support.evalcli import harmonic, random_mrr
 from support.errors import ERRORS, FlagError, ScoreError, Stopped
 from support.flags import check_compiler, check_seq_length
 
@@ -50,11 +51,6 @@ def query_ranks(scores: torch.Tensor, row: torch.Tensor, target: torch.Tensor,
     keep = torch.ones_like(s, dtype=torch.bool) if answer_mask is None else ~answer_mask[row]
     keep[i, target] = True
     return 1 + ((s > t) & keep).sum(1), ((s >= t) & keep).sum(1)
-
-
-def harmonic(n: np.ndarray) -> np.ndarray:
-    """H_n = 1 + 1/2 + ... + 1/n for float64 arrays of n >= 0 (digamma(n + 1) + Euler's gamma)."""
-    return torch.special.digamma(torch.from_numpy(n + 1.0)).numpy() + np.euler_gamma
 
 
 def rank_metrics(optimistic: np.ndarray, pessimistic: np.ndarray) -> dict:
@@ -83,19 +79,6 @@ def lp_metrics(ranks: np.ndarray) -> dict:
                "raw": (RAW_OPTIMISTIC, RAW_PESSIMISTIC)}
     return {setting: {side: rank_metrics(ranks[m, o], ranks[m, p]) for side, m in sides.items()}
             for setting, (o, p) in columns.items()}
-
-
-def random_mrr(lpq: "LPQueries", tri: np.ndarray, draws: int = 1000,
-               seed: int = 0) -> tuple[float, float]:
-    """(mean, sd) of the filtered MRR that random triple scores get on test triples `tri`, both
-    sides. The answer's rank among the n candidates the filter leaves is uniform, so the mean is
-    that of H_n / n; its score is shared by its two sides (at quantile u, each other candidate beats
-    it with probability 1 - u), so the sd is drawn: `draws` seeded draws of u and the ranks."""
-    n = len(lpq.candidates) - np.diff(lpq.filter_ptr)[lpq.triple_query[tri]] + 1  # (T, 2)
-    rng = np.random.default_rng(seed)
-    u = rng.random((draws, len(tri), 1))  # (draws, T, 1): one quantile for both sides
-    rank = 1 + rng.binomial(n - 1, 1 - u)  # (draws, T, 2)
-    return float((harmonic(n) / n).mean()), float((1 / rank).mean((1, 2)).std())
 
 
 def best_threshold(scores: np.ndarray, labels: np.ndarray) -> tuple[float, float]:

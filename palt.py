@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from bert import sdpa_mask
 from support.errors import ConfigError
-from support.hub import load_bert
+from support.hub import LoadedBert, load_bert
 
 METHODS = ("palt", "finetune", "lora", "bitfit", "prompt", "probe")
 
@@ -61,7 +61,7 @@ class PaltConfig:
             object.__setattr__(self, "calib_layers", ())
 
 
-def default_calib_layers(n_layers):
+def default_calib_layers(n_layers: int) -> tuple[int, int]:
     """The layers PALT calibrates unless told: the middle and the last (6, 11 of BERT-base)."""
     return (n_layers // 2, n_layers - 1)
 
@@ -70,7 +70,7 @@ def default_calib_layers(n_layers):
 ZERO_SHOT = dict(prompts=(0, 0, 0), calib_layers=(), prompt_encoder=False, prompt_mlp=False)
 
 
-def zero_linear(d):
+def zero_linear(d: int) -> nn.Linear:
     """A d x d linear map that starts at zero: x + zero_linear(x) is x until it trains."""
     lin = nn.Linear(d, d)
     nn.init.zeros_(lin.weight)
@@ -90,11 +90,11 @@ class LoRA(nn.Module):
         self.B = nn.Parameter(torch.zeros(base.out_features, rank))
         self.scale = alpha / rank
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + (x @ self.A.T) @ self.B.T * self.scale
 
 
-def check_config(cfg: PaltConfig, n_layers: int):
+def check_config(cfg: PaltConfig, n_layers: int) -> None:
     """A configuration's parts against its method and the model, one line each."""
     if cfg.method not in METHODS:
         raise ConfigError(f"method must be one of {', '.join(METHODS)}, not {cfg.method!r}")
@@ -125,7 +125,7 @@ def trains(name: str, method: str, heads_to_train: tuple) -> bool:
 
 
 class PALT(nn.Module):
-    def __init__(self, bert, cfg: PaltConfig, heads_to_train=()):
+    def __init__(self, bert: nn.Module, cfg: PaltConfig, heads_to_train: tuple = ()):
         super().__init__()
         H, n_layers = bert.config.hidden_size, bert.config.num_hidden_layers
         check_config(cfg, n_layers)
@@ -150,15 +150,17 @@ class PALT(nn.Module):
                 layer.q = LoRA(layer.q, cfg.lora_rank, cfg.lora_alpha)
                 layer.v = LoRA(layer.v, cfg.lora_rank, cfg.lora_alpha)
 
-    def forward(self, input_ids, token_type_ids, attention_mask, prompt_index, attention=False):
-        """NSP logits (B, 2), class 0 a true triple; with attention=True, (those, each layer's
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, prompt_index: torch.Tensor,
+                return_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, list]:
+        """NSP logits (B, 2), class 0 a true triple; with return_attention, (those, each layer's
         attention weights (B, n_head, L, L)), as Layer.attention applies them."""
         bert = self.bert
         x = bert.embeddings.word(input_ids)  # (B, L, H)
         if self.P is not None:
             P = self.P if self.prompt_mlp is None else self.prompt_mlp(self.P)  # (n_prompts, H)
             # The prompt slots (prompt_index k >= 0) take the k-th vector in one select, looked up
-            # by F.embedding because its CPU backward is much faster than P[index]'s (RESULTS.md).
+            # by F.embedding, whose backward on a CPU is the cheaper of the two (RESULTS.md).
             P_at = F.embedding(prompt_index.clamp(min=0), P)  # (B, L, H)
             x = torch.where(prompt_index[..., None] >= 0, P_at, x)
         if self.W_p is not None:
@@ -166,7 +168,7 @@ class PALT(nn.Module):
         h = bert.embeddings(inputs_embeds=x, token_type_ids=token_type_ids)
         mask, weights = sdpa_mask(attention_mask), []
         for i, layer in enumerate(bert.layers):
-            h, w = layer.attention(h, mask, attention)
+            h, w = layer.attention(h, mask, return_attention)
             weights.append(w)
             if i in self.calib_layers:
                 h = h + self.W_c[str(i)](h)  # Eq. 2
@@ -176,15 +178,15 @@ class PALT(nn.Module):
             keep = torch.ones_like(h[..., 0]) if attention_mask is None else attention_mask.to(h)
             x = (h * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)  # (B, H), real tokens
         nsp_logits, _ = bert.nsp_head(x)
-        return (nsp_logits, weights) if attention else nsp_logits
+        return (nsp_logits, weights) if return_attention else nsp_logits
 
 
-def score(logits):
+def score(logits: torch.Tensor) -> torch.Tensor:
     """The triple score: NSP logit margin, never a saturated softmax probability."""
     return logits[:, 0].float() - logits[:, 1].float()
 
 
-def param_report(model):
+def param_report(model: PALT) -> dict:
     """Tunable vs total parameters, and the tunable ones by part: P, W_p, W_c, bert.pooler,
     bert.nsp, and the method's share of the encoder (bert: finetuning's; lora; biases)."""
     in_encoder = {"finetune": "bert", "lora": "lora", "bitfit": "biases"}.get(model.cfg.method)
@@ -201,11 +203,11 @@ def param_report(model):
     return {"tunable": tunable, "total": total, "percent": 100 * tunable / total, "parts": parts}
 
 
-def hold_frozen_linears(model, dtype):
+def hold_frozen_linears(model: PALT, dtype: str) -> None:
     """Under 'bf16', the encoder's frozen linear layers held in bf16. bf16 autocast recasts a frozen
-    weight at every call (it caches only weights that train: ~60 cast kernels a training step on a
-    GPU, every weight again for every scoring batch); cast once instead, to the same values, the
-    results are bit-identical. The NSP head stays as it is: it runs in fp32."""
+    weight at every call (it caches only weights that train), in every step and every scoring
+    batch; cast once instead, to the same values, the results are bit-identical. The NSP head
+    stays as it is: it runs in fp32."""
     if dtype != "bf16":
         return
     for m in model.bert.layers.modules():
@@ -213,7 +215,7 @@ def hold_frozen_linears(model, dtype):
             m.to(torch.bfloat16)
 
 
-def build_palt(model_name_or_path, cfg: PaltConfig):
+def build_palt(model_name_or_path: str, cfg: PaltConfig) -> tuple[PALT, LoadedBert]:
     """(PALT on a freshly loaded base model, the LoadedBert)."""
     loaded = load_bert(model_name_or_path)
     return PALT(loaded.model, cfg, loaded.heads_to_train), loaded

@@ -5,8 +5,8 @@
     python plot.py curve runs/umls-minilm results/palt-umls-minilm.train.log --out curve.png
 
 attention: the triple's sequence [CLS] P*b head relation P*m [SEP] tail P*e [SEP] goes through
-the model's own forward, PALT.forward(..., attention=True), which hands back each layer's weights
-softmax(q k^T / sqrt(d) + mask) from that layer's own q and k: the weights its
+the model's own forward, PALT.forward(..., return_attention=True), which hands back each layer's
+weights softmax(q k^T / sqrt(d) + mask) from that layer's own q and k: the weights its
 scaled_dot_product_attention applies (tests/test_plot.py holds weights @ v to it). Layers are
 numbered from 0, as PALT and train.py's --calib number them; the default --layers are the first
 and the two PALT calibrates by default, the middle and the last (palt.default_calib_layers: 0, 3
@@ -163,7 +163,7 @@ def triple_view(src, head, relation, tail, layers, token="[CLS]"):
         if not 0 <= i < n_layers:
             raise FlagError(f"--layers {i}: {src.name} has layers 0 to {n_layers - 1}")
     with torch.inference_mode():
-        logits, weights = src.model.eval()(**batch, attention=True)
+        logits, weights = src.model.eval()(**batch, return_attention=True)
     labels, parts = token_parts(src, enc, (h, r, t), batch)
     if token not in labels and not (token.isdigit() and int(token) < len(labels)):
         raise FlagError(f"--token {token}: not in {src.name}'s sequence "

@@ -9,7 +9,6 @@ groups, the negatives, the resumed state (setup). The dev point's figure is eval
 recipes (support/recipes.py: PRESETS), flag checks and checkpoint files live in support/.
 """
 import json
-import os
 import signal
 import typing
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import plot
 from bert import autocast
 from data import NegativeSampler, build_batch, encode, seq_lengths, to_device
 from evaluate import ERRORS, dev_metric
@@ -28,21 +26,22 @@ from palt import PaltConfig, build_palt, hold_frozen_linears, param_report
 from support import devices, flags, runlog
 from support.checkpoints import (check_output, check_resumable, claim_output, palt_meta, restore,
                                  save_run)
-from support.devices import compiled, resolve_dtype
+from support.devices import compiled
 from support.files import release_folder
 from support.graphs import load_kg
 from support.near import nearest_of_each
+from support.picture import write_curve
 from support.recipes import PRESETS  # every recipe's settings, one a line with its source
 
 
-def parse_args(argv=None):
+def parse_args(argv: list[str] | None = None) -> flags.Run:
     """train.py's Run (support/flags.py: each flag with its default, help and bounds), PRESETS
     filling what the command line leaves open."""
     return flags.parse_args(argv, PRESETS, __doc__.splitlines()[0])
 
 
 # ----------------------------------------------------------------------------- the recipe
-def learning_rate(step_index, peak, warm, total_steps):
+def learning_rate(step_index: int, peak: float, warm: int, total_steps: int) -> float:
     """The lr of the optimizer step at 0-based `step_index`: a linear warm-up to `peak` over `warm`
     steps (10% of them by default, --warmup), then a linear decay to zero at `total_steps`
     (BERT's schedule)."""
@@ -51,7 +50,8 @@ def learning_rate(step_index, peak, warm, total_steps):
     return peak * max(0.0, (total_steps - step_index) / max(1, total_steps - warm))
 
 
-def adamw(model, params, run, device):
+def adamw(model: torch.nn.Module, params: dict, run: flags.Run,
+          device: torch.device) -> torch.optim.AdamW:
     """AdamW (betas 0.9 and --adam-beta2, eps --adam-eps) with weight decay on matrices only (not
     biases and LayerNorm), and the heads without NSP pretraining at their own lr (--head-lr): each
     group's lr_scale times the step's lr."""
@@ -69,7 +69,9 @@ def adamw(model, params, run, device):
                              fused=device.type in ("cuda", "cpu"))
 
 
-def train_step(forward, opt, params, batch, n_pos, lr, grad_clip, dtype, device):
+def train_step(forward: typing.Callable, opt: torch.optim.Optimizer, params: dict, batch: dict,
+               n_pos: int, lr: float, grad_clip: float, dtype: str,
+               device: torch.device) -> torch.Tensor:
     """One optimizer step on a batch of n_pos positives, then their negatives: NSP cross-entropy,
     the gradient clipped to norm grad_clip (1.0), AdamW at this step's lr. Returns the loss, on the
     device (an .item() here would make the CPU wait for the GPU every step)."""
@@ -87,7 +89,7 @@ def train_step(forward, opt, params, batch, n_pos, lr, grad_clip, dtype, device)
     return loss.detach()
 
 
-def train(tr, total_steps):
+def train(tr: "Trainer", total_steps: int) -> bool:
     """The training loop, up to step `total_steps`; False if a signal stopped it (saved, to
     resume). Each epoch draws its negatives and orders its steps; each step sets the lr, takes one
     optimizer step, logs, makes a dev point and saves every --dev-every steps, and stops on a
@@ -112,17 +114,20 @@ def train(tr, total_steps):
             # step: the positives, then their negatives; seeded dropout: --resume replays a step
             torch.manual_seed(run.seed + 1_000_003 * step_index + tr.ddp_rank)
             idx = order[i]
-            # (P, 3) positives, then (P, K, 3) -> (P*K, 3) negatives
+            # (n_pos, 3) positives, then (n_pos, K, 3) -> (n_pos*K, 3) negatives
             triples = np.concatenate([kg.train[idx], neg[idx].reshape(-1, 3)])
             batch = build_batch(tr.enc, triples, run.prompts, run.max_seq_length)
-            loss = train_step(tr.forward, tr.opt, tr.params, batch, len(idx), lr, run.grad_clip,
-                              tr.dtype, tr.device)
+            loss = train_step(tr.forward, tr.opt, tr.params, batch, n_pos=len(idx), lr=lr,
+                              grad_clip=run.grad_clip, dtype=tr.dtype, device=tr.device)
             history["step"] = step_index + 1
             meter.add(loss, batch)
             # log
             if history["step"] % run.log_every == 0 or last_step:
-                tr.log0(meter.line(epoch_index, run.epochs, history["step"], total_steps, lr,
-                                   len(triples), tr))
+                figures = meter.figures(epoch_index, history["step"], total_steps, lr,
+                                        n_triples=len(triples), world_size=tr.world_size)
+                tr.log0(runlog.Meter.format_line(figures, run.epochs, tr.dtype))
+                if tr.metrics:
+                    tr.metrics.write(figures)
             # dev point and save: every --dev-every steps (the epoch's end saves the rest)
             if run.dev_every and history["step"] % run.dev_every == 0 and not last_step:
                 with meter.paused(history):
@@ -139,7 +144,8 @@ def train(tr, total_steps):
     return True
 
 
-def epoch_order(lengths, per_step, epoch_index, seed, pool_steps=100):
+def epoch_order(lengths: np.ndarray, per_step: int, epoch_index: int, seed: int,
+                pool_steps: int = 100) -> np.ndarray:
     """(steps, per_step) train-positive indices, alike on every rank and after --resume: a seeded
     permutation sorted by `lengths` in pools of `pool_steps` steps (0: a plain shuffle), so steps
     pad little, then shuffled."""
@@ -153,7 +159,7 @@ def epoch_order(lengths, per_step, epoch_index, seed, pool_steps=100):
     return perm.reshape(n_steps, per_step)[rng.permutation(n_steps)]
 
 
-def step_order(tr, neg, epoch_index):
+def step_order(tr: "Trainer", neg: np.ndarray, epoch_index: int) -> np.ndarray:
     """This process's positives of each step of the epoch, similar lengths together
     (epoch_order)."""
     run = tr.run
@@ -164,25 +170,26 @@ def step_order(tr, neg, epoch_index):
     return epoch_order(lengths, run.batch, epoch_index, run.seed)[:, tr.ddp_rank::tr.world_size]
 
 
-def save_stopped(tr):
+def save_stopped(tr: "Trainer") -> None:
     """Process 0 saves a stopped run's weights and resume state, and says how to go on."""
     if tr.ddp_rank != 0:
         return
-    save_run(tr.out, tr.model, tr.opt, tr.params, tr.meta | tr.history, ["ckpt", "state"])
+    save_run(tr.out, tr.model, tr.opt, tr.params, meta=tr.meta | tr.history,
+             names=["ckpt", "state"])
     tr.log0(f"stopped at step {tr.history['step']} ({runlog.STOP[0]}; "
             f"{tr.history['train_wall_s'] / 60:.1f} min of steps): {tr.out}/ckpt.safetensors "
             f"holds this step's weights; --resume continues from {tr.out}/state.safetensors")
 
 
-def dev_point(tr, at_epoch, names):
+def dev_point(tr: "Trainer", at_epoch: float, names: list[str]) -> None:
     """Process 0's dev point at `at_epoch` epochs of training (mid-epoch: a fraction) into the
     history and the log, then the saves `names`; at an epoch's end (ckpt among them) also
     best.safetensors, if dev is the best so far. The other processes wait."""
     if tr.ddp_rank == 0:
         history, end = tr.history, "ckpt" in names
         if len(tr.kg.dev):  # a graph of one's own may lack a dev split
-            figure, line = dev_metric(tr.model.eval(), tr.kg, tr.enc, tr.run, tr.device, tr.dtype,
-                                      tr.near)
+            figure, line = dev_metric(tr.model.eval(), tr.kg, tr.enc, tr.run, device=tr.device,
+                                      precision=tr.dtype, near=tr.near)
             tr.model.train()
             history["dev"].append({"epoch": at_epoch, "step": history["step"], **figure})
             better = end and (history["best"] is None or figure["value"] > history["best"])
@@ -193,8 +200,9 @@ def dev_point(tr, at_epoch, names):
             if not end:
                 where = f"at step {history['step']} (epoch {at_epoch})"
             tr.log0(f"dev {where}: {line}" + (" (best so far)" if better else ""))
-            plot.write_curve(tr.out)  # curve.png beside log.txt, where matplotlib is installed
-        save_run(tr.out, tr.model, tr.opt, tr.params, tr.meta | history, names)
+            tr.metrics.write({"kind": "dev", **history["dev"][-1]})
+            write_curve(tr.out)  # curve.png beside log.txt, where matplotlib is installed
+        save_run(tr.out, tr.model, tr.opt, tr.params, meta=tr.meta | history, names=names)
     if tr.ddp:
         dist.barrier()  # the other processes wait for process 0's dev evaluation and saves
 
@@ -222,13 +230,15 @@ class Trainer:
     ddp_rank: int
     world_size: int
     log0: typing.Callable  # process 0 prints and logs to out/log.txt; the others stay quiet
+    metrics: runlog.Metrics | None  # process 0's out/metrics.jsonl; None on the others
 
     @property
-    def ddp(self):
+    def ddp(self) -> bool:
+        """Whether the run's processes form a group (torchrun)."""
         return self.world_size > 1 or dist.is_initialized()
 
 
-def build(run, dtype, device):
+def build(run: flags.Run, dtype: str, device: torch.device) -> tuple:
     """The PALT model (a random NSP head seeded alike on every process), graph, token ids, metadata,
     trainable params, AdamW."""
     kg = load_kg(run.data, run.data_dir, run.text)  # before the model: a data error costs seconds
@@ -252,23 +262,14 @@ def build(run, dtype, device):
     return model, kg, encode(kg, loaded.tokenizer), meta, params, adamw(model, params, run, device)
 
 
-def setup(run):
+def setup(run: flags.Run) -> tuple["Trainer", int]:
     """(Trainer, total steps): torchrun's processes, the model, data and AdamW, the negatives, DDP,
     the resumed state. Every check that can fail comes before the work it would waste."""
-    # DDP, the nanoGPT way: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; one device a process
-    ddp = "RANK" in os.environ
-    ddp_rank, ddp_local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    cuda = torch.cuda.is_available()
-    if ddp and cuda:
-        torch.cuda.set_device(ddp_local_rank)
-    if ddp:
-        dist.init_process_group("nccl" if cuda else "gloo")  # gloo: processes on CPU cores
-    master_process = ddp_rank == 0  # it logs, evaluates on dev and saves
-    device = torch.device(f"cuda:{ddp_local_rank}" if cuda else "cpu")
-    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs on the GPU's tensor cores
-    torch.backends.cudnn.allow_tf32 = True
-    dtype = resolve_dtype(run.dtype, device, warn=master_process)  # says which, and why
+    if run.tensorboard:  # an optional extra: its absence is said before anything starts
+        runlog.check_tensorboard()
+    procs = devices.start_processes(run.dtype)  # torchrun's processes; the precision, and why
+    ddp, device, dtype, world_size = procs.ddp, procs.device, procs.dtype, procs.world_size
+    master_process = procs.rank == 0  # it logs, evaluates on dev and saves
     print0 = runlog.Printer(master_process)
     flags.check_devices(run, device, ddp, world_size, print0)
     out = Path(run.out)
@@ -283,28 +284,37 @@ def setup(run):
     if resumed:  # before the nearest-entity pass, which takes minutes on a big graph
         check_resumable(resumed, meta, state_file)
     total_steps = flags.total_steps(run, len(kg.train))
-    flags.announce(run, kg, model, f"{dtype} on {device} x {world_size}", print0, PRESETS)
+    flags.announce(run, kg, model, where=f"{dtype} on {device} x {world_size}", print0=print0,
+                   presets=PRESETS)
     finished = bool(resumed) and resumed["step"] >= total_steps  # resumed when done: nothing to do
     near = None
     if (run.hard_negatives or run.dev_near) and not finished:  # minutes on a big graph
-        near = nearest_of_each(model, kg, enc, device, dtype, flags.NEAR, print0)
+        near = nearest_of_each(model, kg, enc, device=device, dtype=dtype, n=flags.NEAR,
+                               print0=print0)
     negatives = NegativeSampler(kg, *run.negatives, seed=run.seed, near=near,
                                 hard=run.hard_negatives, either_side=run.either_side)
     ddp_model = model
     if ddp:  # each process's gradients averaged in backward
-        ddp_model = DDP(model, device_ids=[ddp_local_rank] if cuda else None)
-    claim_output(out, run.resume, resumed, master_process, ddp)  # a second run into --out: refused
+        ddp_model = DDP(model, device_ids=[procs.local_rank] if device.type == "cuda" else None)
+    # A second run into --out is refused here.
+    claim_output(out, run.resume, seen=resumed, master_process=master_process, ddp=ddp)
     history = restore(resumed, state_file, model, opt, params)
     log0 = runlog.open_log(out, print0) if master_process else print0
+    metrics = runlog.Metrics(out, tensorboard=run.tensorboard) if master_process else None
+    if metrics:  # a resumed segment does the steps after its state's step again
+        metrics.write({"kind": "start", "step": history["step"]})
     # In the log too: each segment says where it trains; a resumed one, where it continued.
     log0(runlog.segment_line(run.resume, resumed, history, state_file,
-                             f"{devices.machine(device)} x {world_size}"))
-    tr = Trainer(run, out, model, ddp_model, compiled(ddp_model, run), opt, params, meta, history,
-                 kg, enc, negatives, near, device, dtype, ddp_rank, world_size, log0)
+                             where=f"{devices.machine(device)} x {world_size}"))
+    tr = Trainer(run=run, out=out, model=model, ddp_model=ddp_model,
+                 forward=compiled(ddp_model, run), opt=opt, params=params, meta=meta,
+                 history=history, kg=kg, enc=enc, negatives=negatives, near=near, device=device,
+                 dtype=dtype, ddp_rank=procs.rank, world_size=world_size, log0=log0,
+                 metrics=metrics)
     return tr, total_steps
 
 
-def main(run):
+def main(run: flags.Run) -> torch.nn.Module:
     """Set the run up, train it, say where its checkpoints are; returns the model."""
     tr, total_steps = setup(run)
     stopped = not train(tr, total_steps)
@@ -313,8 +323,10 @@ def main(run):
         print(runlog.finished(history, out, tr.dtype), flush=True)
     model = tr.model
     release_folder(out)  # the run folder is free for the next run (a --resume)
-    if tr.ddp:  # DDP's reducer holds the group's gloo work: alive when the group is destroyed, it
-        # can abort the exit (SIGABRT, "terminate called without an active exception"): freed first
+    # DDP's reducer holds the group's gloo work, and a reducer still alive when the group is
+    # destroyed can abort the exit (SIGABRT, "terminate called without an active exception"), so
+    # that DDP is freed before the group goes.
+    if tr.ddp:
         tr.ddp_model = tr.forward = None
         del tr
         dist.barrier()
@@ -322,7 +334,7 @@ def main(run):
     return model
 
 
-def command_line(argv=None):
+def command_line(argv: list[str] | None = None) -> None:
     """python train.py ARGS: a signal ends the run after a step, saved; errors are one line."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, runlog.on_signal)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 import data
 import palt
@@ -414,3 +415,22 @@ def print_tc(result):
     for row in m["test_error_by_relation"]:
         print(f"| {row['relation']} | {row['n']} | {100 * row['error']:.1f} |")
     return [f"{m['dev_accuracy']:.4f}", f"{m['test_accuracy']:.4f}"]
+
+
+def harmonic(n: np.ndarray) -> np.ndarray:
+    """H_n = 1 + 1/2 + ... + 1/n for float64 arrays of n >= 0 (digamma(n + 1) + Euler's gamma)."""
+    return torch.special.digamma(torch.from_numpy(n + 1.0)).numpy() + np.euler_gamma
+
+
+def random_mrr(lpq, tri: np.ndarray, draws: int = 1000,
+               seed: int = 0) -> tuple[float, float]:
+    """(mean, sd) of the filtered MRR that random triple scores get on the evaluate.LPQueries
+    lpq's test triples `tri`, both
+    sides. The answer's rank among the n candidates the filter leaves is uniform, so the mean is
+    that of H_n / n; its score is shared by its two sides (at quantile u, each other candidate beats
+    it with probability 1 - u), so the sd is drawn: `draws` seeded draws of u and the ranks."""
+    n = len(lpq.candidates) - np.diff(lpq.filter_ptr)[lpq.triple_query[tri]] + 1  # (T, 2)
+    rng = np.random.default_rng(seed)
+    u = rng.random((draws, len(tri), 1))  # (draws, T, 1): one quantile for both sides
+    rank = 1 + rng.binomial(n - 1, 1 - u)  # (draws, T, 2)
+    return float((harmonic(n) / n).mean()), float((1 / rank).mean((1, 2)).std())

@@ -141,12 +141,15 @@ class Run:
     seed: int = setting(42, "order, negatives, a random NSP head and dropout", low=(0, True))
     log_every: int = setting(20, "steps between log lines", low=(1, True))
     resume: bool = setting(False, "continue the run in --out from its last saved state")
+    tensorboard: bool = setting(False, "also write TensorBoard event files in --out (the "
+                                "tensorboard package: pip install tensorboard)")
 
 
 def recorded(run):
     """The run as checkpoints record it: --out, --data-dir and a folder given as --data or --model
     named by files.project_path, so that no record depends on where the command ran."""
     d = asdict(run)
+    del d["tensorboard"]  # how a run is watched, not what it trains: no checkpoint records it
     for k in ("out", "data_dir"):
         if d[k]:
             d[k] = project_path(d[k])

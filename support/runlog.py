@@ -47,11 +47,6 @@ class Meter:
                 "padded_per_real": self.n_padded / self.n_real,
                 "eta_min": (total_steps - step) * dt / self.n_steps / 60}
 
-    def line(self, epoch_index, epochs, step, total_steps, lr, n_triples, tr):
-        """The log line of the epoch so far."""
-        f = self.figures(epoch_index, step, total_steps, lr, n_triples, tr.world_size)
-        return self.format_line(f, epochs, tr.dtype)
-
     @staticmethod
     def format_line(f: dict, epochs: int, precision: str) -> str:
         """The log line of a step's figures (Meter.figures)."""

@@ -83,7 +83,7 @@ def one_line_error(argv):
 
 # ------------------------------------------------------------------------- the attention weights
 def recorded_forward(model, batch, monkeypatch):
-    """(PALT.forward's logits and weights with attention=True, [(each layer's input h, mask, weights) as its
+    """(PALT.forward's logits and weights with return_attention=True, [(each layer's input h, mask, weights) as its
     attention sublayer saw and returned them]): each layer's attention wrapped, here in the test, to record."""
     seen = []
     for layer in model.bert.layers:
@@ -93,7 +93,7 @@ def recorded_forward(model, batch, monkeypatch):
             return out
         monkeypatch.setattr(layer, "attention", recording)
     with torch.no_grad():
-        logits, weights = model(**batch, attention=True)
+        logits, weights = model(**batch, return_attention=True)
     return logits, weights, seen
 
 
@@ -120,7 +120,7 @@ def test_weights_at_v_are_each_layers_sdpa_output(tiny, monkeypatch):
 def test_asking_for_the_weights_leaves_the_models_score_as_it_is(tiny):
     model, batch = tiny["model"], padded_batch(tiny)
     with torch.no_grad():
-        logits, _ = model(**batch, attention=True)
+        logits, _ = model(**batch, return_attention=True)
         torch.testing.assert_close(logits, model(**batch), atol=0, rtol=0)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import data, evaluate, train
+import data, evaluate, plot, train
 from support import checkpoints, devices, evalcli, flags, graphs, runlog
 from support.files import OutputError
 from support.flags import FlagError
@@ -152,6 +152,19 @@ def test_dev_every_adds_a_curve_and_changes_no_weight(setup, tmp_path, capsys):
     assert "dev at step 2 (epoch " in capsys.readouterr().out
     if importlib.util.find_spec("matplotlib"):  # the curve drawn beside the log, at each dev point
         assert (tmp_path / "curve" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    records, dev, starts = runlog.read_metrics(tmp_path / "curve")  # metrics.jsonl: a line per log step, dev point
+    assert starts == [0] and [r["step"] for r in records] == list(range(1, steps[-1] + 1))
+    assert [(r["step"], r["epoch"], r["value"]) for r in dev] == [(d["step"], d["epoch"], d["value"]) for d in meta["dev"]]
+    c = plot.read_curve(tmp_path / "curve")  # plot.py curve RUN_FOLDER reads it back
+    assert c.name == "curve" and len(c.loss) == steps[-1] and [d["step"] for d in c.dev] == steps
+
+
+def test_tensorboard_without_its_package_is_one_line_before_the_model_loads(setup, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # `import torch.utils.tensorboard`: ImportError
+    monkeypatch.setattr(train.signal, "signal", lambda *a: None)  # pytest keeps its own Ctrl-C
+    monkeypatch.setattr(train, "build", lambda *a: pytest.fail("the model loaded"))
+    with pytest.raises(SystemExit, match="^error: --tensorboard needs the tensorboard package: pip install tensorboard$"):
+        train.command_line(args(setup, tmp_path, "--tensorboard"))
 
 
 def test_a_sampled_dev_ranking_is_labelled_in_the_log_and_the_checkpoint(setup, tmp_path, capsys):
