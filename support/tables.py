@@ -665,6 +665,133 @@ NAMES_OF_METHODS = {"palt": "PALT", "finetune": "finetuning", "lora": "LoRA", "b
                     "prompt": "prompt tuning", "probe": "the probe"}
 
 
+# ----------------------------------------------------------------------------- speed
+class SpeedLogError(ValueError):
+    """A speed log whose format the parsers do not understand: the check stops, naming the file,
+    rather than drop a number."""
+
+
+def not_understood(path, what: str):
+    """The error of a log whose figures are not where its parser looks."""
+    return SpeedLogError(f"{files.project_path(path)}: no {what} found; a format this module's "
+                         f"speed parsers do not understand")
+
+
+def auto_figures(path) -> str:
+    """bench/bench_auto.py: the UMLS training step's and ranking's fp32 and bf16 figures."""
+    found = re.findall(r"^\s*UMLS (training step|ranking) \([^)]*\)\s+([\d.]+)\s+([\d.]+)\s+"
+                       r"(seq/s|triples/s)", path.read_text(), re.M)
+    if len(found) != 2:
+        raise not_understood(path, "'UMLS training step' and 'UMLS ranking' rows")
+    return "; ".join(f"{'step' if what == 'training step' else 'ranking'} fp32 {fp32}, bf16 "
+                     f"{bf16} {unit}" for what, fp32, bf16, unit in found)
+
+
+def train_figures(path) -> str:
+    """bench/bench_train.py: sequences a second by recipe."""
+    found = re.findall(r"^(\S+)\s+\d+\s+\d+\s+\S+\s+([\d,]+)\s+[\d,]+\s+[\d.]+\s", path.read_text(),
+                       re.M)
+    if not found:
+        raise not_understood(path, "recipe rows (recipe, batch, seq/step, compiled, seq/s)")
+    return ", ".join(f"{recipe} {seqs}" for recipe, seqs in found) + " seq/s"
+
+
+RANK_ROW = re.compile(r"^ours \(length-sorted[^)]*\)\s+(\S.*?\S)\s+([\d,]+)\s+[\d,]+\s+[\d.]+\s+"
+                      r"[\d.]+\s*$", re.M)
+
+
+def rank_figures(path) -> str:
+    """bench/bench_eval.py: the ranking's triples a second by dtype."""
+    found = RANK_ROW.findall(path.read_text())
+    if not found:
+        raise not_understood(path, "'ours (length-sorted ...)' rows")
+    return ", ".join(f"{dtype} {rate_}" for dtype, rate_ in found) + " triples/s"
+
+
+def gpu_figures(path) -> str:
+    """bench/gpu_call.py's JSON: scoring triples a second by dtype (its throughput step), training
+    sequences a second as each train step's log last printed them, and the ranking's triples a
+    second where its speed step ran bench_eval.py."""
+    said = []
+
+    def read(call: dict) -> None:
+        by_pair: dict[str, list[str]] = {}
+        for row in (call.get("throughput") or {}).get("rows", []):
+            by_pair.setdefault(f"{row['model']} {row['data']}", []).append(
+                f"{row['dtype']} {row['triples_per_s']:,.0f}")
+        said.extend(f"scoring {pair}: {', '.join(rates)} triples/s"
+                    for pair, rates in by_pair.items())
+        for run in call.get("train", []):
+            seqs = re.findall(r"seq/s (\d+)", run.get("tail", ""))
+            if seqs:
+                said.append(f"{run['data']} training {int(seqs[-1]):,} seq/s")
+        for run in call.get("speed", []):
+            said.extend(f"ranking {dtype} {r} triples/s"
+                        for dtype, r in RANK_ROW.findall(run.get("tail", "")))
+        for inner in call.get("calls", []):
+            read(inner)
+
+    read(json.loads(path.read_text()))
+    if not said:
+        raise not_understood(path, "throughput rows, train logs with seq/s or ranking rows")
+    return "; ".join(said)
+
+
+PARSERS = {"speed-auto-": auto_figures, "speed-train-": train_figures,
+           "speed-rank-": rank_figures, "gpu-call-": gpu_figures}
+
+# The speed table: what, the command, the CPU or GPU and date, and its logs in results/ (the
+# profile logs are links: their figures are tables of operators, no headline).
+SPEED = [
+    ("training step, UMLS cpu recipe, against the step before its cheaper dropout masks",
+     "`python bench/bench_train.py --data umls --recipes cpu:today,cpu --steps 16 --repeat 5`",
+     "2 cores Intel Xeon with AMX (family 6 model 207), 2026-11-29",
+     ["speed-train-umls-bf16-2026-11-29.log", "speed-train-umls-bf16-2026-11-29-evening.log"]),
+    ("the same in fp32", "`... --steps 8 --repeat 3 --dtype fp32`", "the same",
+     ["speed-train-umls-fp32-2026-11-29.log"]),
+    ("the step compiled against eager", "`... --recipes cpu,cpu:compile --steps 10 --repeat 3`",
+     "the same", ["speed-train-umls-compile-2026-11-29.log"]),
+    ("ranking UMLS, eager and `--compile`",
+     "`python bench/bench_eval.py --ours-only --data umls --queries 200 --repeat 3`", "the same",
+     ["speed-rank-umls-2026-11-29.log", "speed-rank-umls-2026-11-29-peak.log"]),
+    ("where the step's time goes", "`python bench/bench_train.py ... --profile`", "the same",
+     ["profile-umls-cpu-step-2026-11-29.log", "profile-umls-cpu-step-today-and-new-2026-11-29.log",
+      "profile-rank-umls-2026-11-29.log"]),
+    ("`--dtype auto` against fp32 and bf16: matmuls, a training step, a ranking pass",
+     "`python bench/bench_auto.py`",
+     "2 cores AMD EPYC (family 25 model 1, no AVX512), 2026-12-01",
+     ["speed-auto-2026-12-01-amd-epyc.log"]),
+    ("the same, a CPU with AVX512_BF16", "`python bench/bench_auto.py`",
+     "2 cores AMD EPYC (family 25 model 17), 2026-12-02",
+     ["speed-auto-2026-12-02-amd-epyc-zen4.log"]),
+    ("scoring on a GPU, fp32 / bf16 / compiled",
+     "`python bench/gpu_call.py --steps tests,throughput --triples 32768`",
+     "H200 and H100, 2026-11-26",
+     ["gpu-call-h200-2026-11-26.json", "gpu-call-h100-2026-11-26.json"]),
+    ("ranking and training steps on a GPU", "`bench/gpu_call.py` (`bench/gpu_pack.sh` prints the "
+     "calls)", "H200, 2026-11-27", ["gpu-call-h200-2026-11-27a.json",
+                                    "gpu-call-h200-2026-11-27a-train.json",
+                                    "gpu-call-h200-2026-11-27b.json"]),
+]
+
+
+def log_figures(log: str) -> str:
+    """A log's headline figures by its parser ('' for a profile log, a link only)."""
+    parser = next((f for prefix, f in PARSERS.items() if log.startswith(prefix)), None)
+    return parser(RESULTS / log) if parser else ""
+
+
+def speed() -> str:
+    """RESULTS' speed table: each row's figures parsed from the logs it names."""
+    rows = []
+    for what, command, machine, logs in SPEED:
+        figures = [(log, log_figures(log)) for log in logs]
+        cell = "<br>".join(f"`{log}`: {f}" if len(logs) > 1 else f for log, f in figures if f)
+        rows.append([what, command, machine, cell or "(operator tables)",
+                     ", ".join(f"`{log}`" for log in logs)])
+    return table(["what", "command", "CPU or GPU, date", "figures", "log"], rows)
+
+
 def out(text: str) -> None:
     """Write a table into the cog block (cog's own `cog.out`), with the newline cog expects."""
     import cog

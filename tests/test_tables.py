@@ -126,3 +126,18 @@ def test_plot_methods_draws_a_png_from_the_same_finals(results, tmp_path_factory
 def test_plot_methods_without_finals_says_so_in_one_line(results):
     with pytest.raises(SystemExit, match=r"^error: no UMLS finals .* nothing to draw$"):
         plot.main(["methods", "--out", "x.png"])
+
+
+def test_the_speed_figures_are_parsed_from_their_logs_and_a_log_not_understood_names_its_file(results):
+    (results / "speed-train-x.log").write_text("recipe  batch seq/step compiled seq/s real tok/s TFLOP/s share\n"
+                                               "cpu:today   32   128   today   316   4,091   0.17   24.0% of 0.73\n"
+                                               "cpu         32   128   eager   506   6,546   0.28   38.4% of 0.73\n")
+    assert tables.log_figures("speed-train-x.log") == "cpu:today 316, cpu 506 seq/s"
+    (results / "speed-auto-x.log").write_text("  UMLS training step (2 x 32+96 seq)   118.8   4.1   seq/s   0.03x\n"
+                                              "  UMLS ranking (4 queries x 135)   294.2   45.8  triples/s   0.16x\n")
+    assert tables.log_figures("speed-auto-x.log") == ("step fp32 118.8, bf16 4.1 seq/s; "
+                                                      "ranking fp32 294.2, bf16 45.8 triples/s")
+    (results / "speed-rank-x.log").write_text("a log of another format\n")
+    with pytest.raises(tables.SpeedLogError, match="speed-rank-x.log: no 'ours"):
+        tables.log_figures("speed-rank-x.log")
+    assert tables.log_figures("profile-x.log") == ""  # a link only
