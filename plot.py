@@ -3,6 +3,7 @@
     python plot.py attention "evening clothes" "type of" attire --data wn11
     python plot.py attention virus causes disease --compare minilm   (beside plain MiniLM)
     python plot.py curve runs/umls-minilm results/palt-umls-minilm.train.log --out curve.png
+    python plot.py methods --out results/figures/methods.png
 
 attention: the triple's sequence [CLS] P*b head relation P*m [SEP] tail P*e [SEP] goes through
 the model's own forward, PALT.forward(..., return_attention=True), which hands back each layer's
@@ -18,8 +19,11 @@ bert-base-uncased, a model folder) zero-shot, drawn beside.
 curve: a run folder's metrics.jsonl (train.py writes it; older run folders: their log.txt), or a
 train log (results/*.train.log): the train loss as logged (the mean since the epoch's start or a
 resume) and the dev metric against steps, the best dev point starred, several runs overlaid.
+methods: UMLS test MRR (mean over seeds, sd bars) against tunable parameters (log scale), one
+labelled point per method, from the finals in results/methods/ as support/tables.py reads them.
 --out: the PNG to write; by default one named after what it draws, in the current folder
-(attention-HEAD-RELATION-TAIL.png, curve-RUN.png). matplotlib is optional: pip install matplotlib.
+(attention-HEAD-RELATION-TAIL.png, curve-RUN.png, methods.png). matplotlib is optional:
+pip install matplotlib.
 """
 import argparse
 import re
@@ -561,6 +565,9 @@ def parse_args(argv=None):
     cur.add_argument("--logx", action="store_true", help="steps on a log scale")
     cur.add_argument("--out", help="the PNG to write (default: curve-RUN.png here, the runs' "
                      "names joined by +)")
+    met = sub.add_parser("methods", help="UMLS test MRR against tunable parameters, per method")
+    met.add_argument("--out", default="methods.png", help="the PNG to write (default: methods.png "
+                     "here)")
     args = ap.parse_args(argv)
     if args.command == "attention" and not args.out:
         args.out = png_name("attention", args.triple)
@@ -623,12 +630,48 @@ def curve(args):
     print(f"wrote {args.out}")
 
 
+def draw_methods(plt, found: list[tuple[str, int, float, float, list[int]]]):
+    """UMLS test MRR against tunable parameters on a log axis, sd bars, each point labelled."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for method, tunable, mean, sd, seeds in found:
+        ax.errorbar([tunable], [mean], yerr=[sd], fmt="o", capsize=4, color="royalblue")
+        ax.annotate(f"{method} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})",
+                    (tunable, mean), textcoords="offset points", xytext=(6, 6), fontsize=9)
+    ax.set_xscale("log")
+    ax.set_xlabel("tunable parameters (log scale)")
+    ax.set_ylabel("UMLS test MRR (mean over seeds, ± sd)")
+    ax.set_title("Methods at equal budgets: results/methods/")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def methods(args) -> None:
+    """plot.py methods: the finals support/tables.py reads (one line where there are none), then
+    matplotlib, then the picture."""
+    from support import tables
+    found = tables.umls_points()
+    if not found:
+        raise SystemExit(f"error: no UMLS finals with parameter counts in "
+                         f"{files.project_path(tables.RESULTS / tables.METHODS_FOLDER)}/ yet "
+                         f"(umls-METHOD-sSEED.json): nothing to draw")
+    files.check_writable(Path(args.out).parent, f"--out {args.out}")
+    plt = need_pyplot()
+    for method, tunable, mean, sd, seeds in found:
+        print(f"{method}: {tunable:,} tunable parameters, UMLS test MRR {mean:.4f} ± {sd:.4f} "
+              f"(seeds {', '.join(map(str, seeds))})")
+    save_png(plt, draw_methods(plt, found), Path(args.out))
+    print(f"wrote {args.out}")
+
+
 def main(argv=None):
     """Parse and run the command; the library's errors become one line."""
     args = parse_args(argv)
     try:
         if args.command == "attention":
             attention(args)
+        elif args.command == "methods":
+            methods(args)
         else:
             curve(args)
     except ERRORS as e:

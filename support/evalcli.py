@@ -189,7 +189,7 @@ def train_summary(meta):
             "epochs": meta.get("epoch"), "epochs_scheduled": args.get("epochs"),
             "steps": meta.get("step"), "dtype": meta.get("dtype"),
             "wall_s": meta.get("train_wall_s"),
-            "tunable": meta.get("tunable"), "dev": meta.get("dev"),
+            "tunable": meta.get("tunable"), "total": meta.get("total"), "dev": meta.get("dev"),
             "best_epoch": meta.get("best_epoch"), "recipe": args or None,
             # 'train': negatives redrawn when a train triple; checkpoints before 2026-11-28 lack the
             # key and redrew any train, dev or test fact
@@ -336,8 +336,11 @@ def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_siz
     data = kg.name if benchmark(kg.name) else files.project_path(kg.folder)  # a graph's folder
     # which weights: the checkpoint's own (None for a base model zero-shot) and the base model's
     checkpoint = info["identity"] if info["ckpt"] else None
+    # The adapter's size on disk, what a user stores and ships for each graph (None zero-shot).
+    size = Path(args.ckpt).stat().st_size if info["ckpt"] else None
     result = dict(command=command, data=data, model=info["model"], ckpt=info["ckpt"],
-                  checkpoint_sha256=checkpoint, base_weights_sha256=info["weights_sha256"],
+                  checkpoint_sha256=checkpoint, checkpoint_bytes=size,
+                  base_weights_sha256=info["weights_sha256"],
                   data_fingerprint=kg.fingerprint, **result,
                   wall_s=round(time.time() - t0, 2), train=train_summary(meta), settings=settings)
     result["manifest"] = manifest(argv=["evaluate.py", *map(str, argv or sys.argv[1:])],

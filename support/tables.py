@@ -11,6 +11,7 @@ import argparse
 import functools
 import importlib.util
 import json
+import re
 import statistics
 import sys
 
@@ -435,13 +436,360 @@ def tuning() -> str:
     return "\n\n".join(parts)
 
 
+# ----------------------------------------------------------------------------- the methods
+# The methods compared at equal budgets, in the table's order, and where their finals live:
+# results/methods/GRAPH-METHOD-sSEED.json, written by `evaluate.py --lp` (UMLS, all test triples)
+# or `evaluate.py --tc` (WN11). A full ranking removes its ranks once its JSON is written, so the
+# UMLS pairs read the ranks kept by a second ranking of the same checkpoint with --limit 660, as
+# the other UMLS pairs do: results/methods/umls-METHOD-sSEED-lp660.state (and its JSON).
+METHODS = ("palt", "finetune", "lora", "bitfit", "prompt", "probe")
+METHODS_FOLDER = "methods"
+METHOD_GRAPHS = ("umls", "wn11")
+FINAL = re.compile(r"^(?P<graph>[a-z0-9-]+?)-(?P<method>[a-z]+)-s(?P<seed>\d+)$")
+FINALS_COMMAND = ("python evaluate.py --lp --ckpt runs/umls-METHOD-sSEED "
+                  "--out results/methods/umls-METHOD-sSEED.json")
+
+
+def seed_order(seed: int) -> tuple[int, int]:
+    """Seeds 42, 1, 2 first, in that order, then any other by number."""
+    return (SEEDS.index(seed), 0) if seed in SEEDS else (len(SEEDS), seed)
+
+
+def finals(graph: str) -> dict[str, dict[int, str]]:
+    """{method: {seed: NAME}} of the finals in results/methods/ for one graph, NAME as result()
+    takes it (methods/GRAPH-METHOD-sSEED); methods in METHODS' order, seeds 42, 1, 2 first."""
+    found: dict[str, dict[int, str]] = {}
+    for path in sorted((RESULTS / METHODS_FOLDER).glob(f"{graph}-*-s*.json")):
+        m = FINAL.match(path.stem)
+        if m and m["graph"] == graph and m["method"] in METHODS:
+            found.setdefault(m["method"], {})[int(m["seed"])] = f"{METHODS_FOLDER}/{path.stem}"
+    return {method: dict(sorted(found[method].items(), key=lambda kv: seed_order(kv[0])))
+            for method in METHODS if method in found}
+
+
+def figure_of(name: str) -> float:
+    """A final's headline figure: test MRR (link prediction) or test accuracy in points."""
+    return lp(name, "mrr") if result(name)["task"] == "lp" else accuracy(name)
+
+
+def over_seeds(names: dict[int, str], fmt=rate) -> str:
+    """'.781 ± .012 (seeds 42, 1, 2)', or one seed's figure with its seed."""
+    values = [figure_of(n) for n in names.values()]
+    seeds = ", ".join(map(str, names))
+    said = mean_sd(values, fmt) if len(values) > 1 else fmt(values[0])
+    return f"{said} (seed{'s' if len(values) > 1 else ''} {seeds})"
+
+
+def train_of(name: str, key: str):
+    """A key of a final's train summary; None where an older JSON lacks it."""
+    return (result(name).get("train") or {}).get(key)
+
+
+def device_of(name: str) -> str:
+    """The machine a final trained on, as its manifest names it ('?' where unrecorded)."""
+    device = (result(name).get("manifest") or {}).get("device")
+    if not isinstance(device, dict):
+        return "?"
+    what = device.get("gpu") or device.get("cpu", "?")
+    return f"{what}, {device.get('threads', '?')} threads"
+
+
+def parameters_cell(name: str) -> str:
+    """'592,898 (2.56%)' tunable parameters and their share of the model."""
+    tunable, total = train_of(name, "tunable"), train_of(name, "total")
+    if tunable is None:
+        return "?"
+    return f"{tunable:,}" + (f" ({100 * tunable / total:.2f}%)" if total else "")
+
+
+def adapter_mb(name: str) -> str:
+    """The adapter's file in MB (10^6 bytes)."""
+    size = result(name).get("checkpoint_bytes")
+    return "?" if size is None else f"{size / 1e6:.1f}"
+
+
+def minutes_per_epoch(names: dict[int, str]) -> str:
+    """Minutes of training steps per epoch (train.wall_s / epochs), mean over seeds, with the
+    machines the seeds trained on."""
+    values = [train_of(n, "wall_s") / train_of(n, "epochs") for n in names.values()
+              if train_of(n, "wall_s") and train_of(n, "epochs")]
+    if not values:
+        return "?"
+    machines = "; ".join(dict.fromkeys(device_of(n) for n in names.values()))
+    return f"{statistics.mean(values) / 60:.1f} ({machines})"
+
+
+def umls_pair(method: str, seed: int) -> str | None:
+    """The paired MRR gap METHOD - finetuning of one UMLS seed over the triples both ranked, from
+    their kept ranks (results/methods/umls-METHOD-sSEED-lp660.state); None where one lacks them."""
+    a, b = (f"{METHODS_FOLDER}/umls-{m}-s{seed}-lp660" for m in ("finetune", method))
+    if not all((RESULTS / f"{n}.state").is_dir() for n in (a, b)):
+        return None
+    gap, ci, n = paired_lp(a, b)
+    return f"s{seed}: {gap_text(gap, ci)} ({n})"
+
+
+def wn11_pair(ft: str, name: str, seed: int) -> str:
+    """The paired accuracy gap of one WN11 seed, METHOD - finetuning, over all test triples."""
+    gap, ci = paired_tc(ft, name)
+    return f"s{seed}: {gap_text(gap, ci, points)}"
+
+
+def gap_cell(method: str, umls: dict, wn11: dict) -> str:
+    """The paired gaps to finetuning by graph and seed, each side's budget beside them."""
+    if method == "finetune":
+        return "(the reference)"
+    said = []
+    for graph, got in (("UMLS", umls), ("WN11", wn11)):
+        ft, ours = got.get("finetune", {}), got.get(method, {})
+        seeds = [s for s in ours if s in ft]
+        if not seeds:
+            continue
+        if graph == "UMLS":
+            pairs = [umls_pair(method, s) for s in seeds]
+            text = "; ".join(p for p in pairs if p) or "ranks not kept (no -lp660 states)"
+        else:
+            text = "; ".join(wn11_pair(ft[s], ours[s], s) for s in seeds)
+        s0 = seeds[0]
+        said.append(f"{graph} {text} ({budget(ours[s0])} against {budget(ft[s0])})")
+    return "<br>".join(said) or "no finetuning final to pair with"
+
+
 def methods() -> str:
-    """A table of the methods compared (results/methods-*.json), '' until there are any."""
-    names = sorted(RESULTS.glob("methods-*.json"))
-    if not names:
-        return ""
-    rows = [[result(p.stem)["train"]["method"], p.stem] for p in names]
-    return table(["method", "JSON"], rows)
+    """The methods at equal budgets, one row a method with a final in results/methods/: tunable
+    parameters, adapter size, minutes a UMLS epoch, UMLS test MRR, WN11 test accuracy and the
+    paired gaps to finetuning; one sentence while no final has run."""
+    umls, wn11 = finals("umls"), finals("wn11")
+    if not umls and not wn11:
+        return (f"The methods' finals have not run yet: `results/{METHODS_FOLDER}/` will hold "
+                f"`umls-METHOD-sSEED.json` and `wn11-METHOD-sSEED.json` (`{FINALS_COMMAND}`, "
+                f"and `--tc` for WN11).")
+    rows = []
+    for method in METHODS:
+        u, w = umls.get(method, {}), wn11.get(method, {})
+        if not u and not w:
+            continue
+        first = next(iter((u or w).values()))
+        rows.append([method, parameters_cell(first), adapter_mb(first),
+                     minutes_per_epoch(u) if u else "—", over_seeds(u) if u else "—",
+                     over_seeds(w, points) if w else "—", gap_cell(method, umls, wn11)])
+    return table(["method", "tunable parameters (% of the model)", "adapter (MB)",
+                  "minutes a UMLS epoch (machine)", "UMLS test MRR", "WN11 test accuracy",
+                  "paired gap, method - finetuning, by seed (budgets)"], rows)
+
+
+def umls_points() -> list[tuple[str, int, float, float, list[int]]]:
+    """(method, tunable parameters, mean, sd, seeds) of UMLS test MRR per method with finals and a
+    parameter count (sd 0 with one seed): the points plot.py methods draws."""
+    out = []
+    for method, names in finals("umls").items():
+        tunable = train_of(next(iter(names.values())), "tunable")
+        if tunable is None:
+            continue
+        values = [figure_of(n) for n in names.values()]
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        out.append((method, int(tunable), statistics.mean(values), sd, list(names)))
+    return out
+
+
+def missing_finals(graph: str, wanted: tuple[str, ...], seeds: tuple[int, ...]) -> list[str]:
+    """The finals of these methods and seeds not in results/methods/ (a method missing every seed
+    named once, its seed as -sS)."""
+    got, out = finals(graph), []
+    for method in wanted:
+        lacking = [s for s in seeds if s not in got.get(method, {})]
+        if len(lacking) == len(seeds) and len(seeds) > 1:
+            out.append(f"`{graph}-{method}-sS`")
+        else:
+            out += [f"`{graph}-{method}-s{s}`" for s in lacking]
+    return out
+
+
+def mean_figure(names: dict[int, str]) -> float:
+    """The mean headline figure over seeds."""
+    return statistics.mean(figure_of(n) for n in names.values())
+
+
+def same_budget(a: dict[int, str], b: dict[int, str]) -> bool:
+    """Whether two methods' finals trained on the same epochs and positives, seed by seed."""
+    return all((train_of(a[s], "epochs"), positives(a[s])) == (train_of(b[s], "epochs"),
+                                                              positives(b[s])) for s in a if s in b)
+
+
+def methods_verdict() -> str:
+    """Two plain answers from the finals: (a) is PALT within .01 MRR (UMLS) and 1 point (WN11) of
+    finetuning at equal budgets, (b) does PALT beat LoRA and BitFit; each only once its finals are
+    in results/methods/, else which are missing."""
+    umls, wn11 = finals("umls"), finals("wn11")
+    wn11_seeds = tuple(s for s in wn11.get("palt", {}) if s in wn11.get("finetune", {})) or (42,)
+    said = []
+    missing = (missing_finals("umls", ("palt", "finetune"), SEEDS)
+               + missing_finals("wn11", ("palt", "finetune"), wn11_seeds))
+    if missing:
+        said.append(f"Whether PALT comes within .01 MRR and 1 point of finetuning at equal budgets "
+                    f"awaits {', '.join(missing)}.")
+    else:
+        parts = []
+        for graph, got, fmt, margin, unit in (("UMLS", umls, rate, 0.01, " MRR"),
+                                              ("WN11", wn11, points, 1.0, " points")):
+            p, f = got["palt"], {s: got["finetune"][s] for s in got["palt"]
+                                 if s in got["finetune"]}
+            gap = mean_figure(f) - mean_figure({s: p[s] for s in f})
+            within = "within" if gap <= margin else "not within"
+            p_budget, f_budget = (budget(next(iter(x.values()))) for x in (p, f))
+            budgets = (f"equal budgets: {p_budget} each" if same_budget(p, f)
+                       else f"unequal budgets: {p_budget} against {f_budget}")
+            parts.append(f"on {graph} PALT is {within} {fmt(margin)}{unit} of finetuning "
+                         f"({fmt(mean_figure(p))} against {fmt(mean_figure(f))}, finetuning "
+                         f"{signed(gap, fmt)}; {budgets})")
+        said.append("The paper's claim at equal budgets: " + "; ".join(parts) + ".")
+    others = ("lora", "bitfit")
+    missing = (missing_finals("umls", ("palt", *others), SEEDS)
+               + missing_finals("wn11", ("palt", *others), wn11_seeds))
+    if missing:
+        said.append(f"Whether PALT beats LoRA and BitFit awaits {', '.join(missing)}.")
+    else:
+        parts = []
+        for other in others:
+            wins = []
+            for graph, got, fmt in (("UMLS", umls, rate), ("WN11", wn11, points)):
+                p, o = mean_figure(got["palt"]), mean_figure(got[other])
+                wins.append(f"{'beats' if p > o else 'does not beat'} it on {graph} "
+                            f"({fmt(p)} against {fmt(o)})")
+            parts.append(f"{NAMES_OF_METHODS[other]}: PALT {' and '.join(wins)}")
+        said.append("PALT against the general methods: " + "; ".join(parts) + ".")
+    return " ".join(said)
+
+
+NAMES_OF_METHODS = {"palt": "PALT", "finetune": "finetuning", "lora": "LoRA", "bitfit": "BitFit",
+                    "prompt": "prompt tuning", "probe": "the probe"}
+
+
+# ----------------------------------------------------------------------------- speed
+class SpeedLogError(ValueError):
+    """A speed log whose format the parsers do not understand: the check stops, naming the file,
+    rather than drop a number."""
+
+
+def not_understood(path, what: str):
+    """The error of a log whose figures are not where its parser looks."""
+    return SpeedLogError(f"{files.project_path(path)}: no {what} found; a format this module's "
+                         f"speed parsers do not understand")
+
+
+def auto_figures(path) -> str:
+    """bench/bench_auto.py: the UMLS training step's and ranking's fp32 and bf16 figures."""
+    found = re.findall(r"^\s*UMLS (training step|ranking) \([^)]*\)\s+([\d.]+)\s+([\d.]+)\s+"
+                       r"(seq/s|triples/s)", path.read_text(), re.M)
+    if len(found) != 2:
+        raise not_understood(path, "'UMLS training step' and 'UMLS ranking' rows")
+    return "; ".join(f"{'step' if what == 'training step' else 'ranking'} fp32 {fp32}, bf16 "
+                     f"{bf16} {unit}" for what, fp32, bf16, unit in found)
+
+
+def train_figures(path) -> str:
+    """bench/bench_train.py: sequences a second by recipe."""
+    found = re.findall(r"^(\S+)\s+\d+\s+\d+\s+\S+\s+([\d,]+)\s+[\d,]+\s+[\d.]+\s", path.read_text(),
+                       re.M)
+    if not found:
+        raise not_understood(path, "recipe rows (recipe, batch, seq/step, compiled, seq/s)")
+    return ", ".join(f"{recipe} {seqs}" for recipe, seqs in found) + " seq/s"
+
+
+RANK_ROW = re.compile(r"^ours \(length-sorted[^)]*\)\s+(\S.*?\S)\s+([\d,]+)\s+[\d,]+\s+[\d.]+\s+"
+                      r"[\d.]+\s*$", re.M)
+
+
+def rank_figures(path) -> str:
+    """bench/bench_eval.py: the ranking's triples a second by dtype."""
+    found = RANK_ROW.findall(path.read_text())
+    if not found:
+        raise not_understood(path, "'ours (length-sorted ...)' rows")
+    return ", ".join(f"{dtype} {rate_}" for dtype, rate_ in found) + " triples/s"
+
+
+def gpu_figures(path) -> str:
+    """bench/gpu_call.py's JSON: scoring triples a second by dtype (its throughput step), training
+    sequences a second as each train step's log last printed them, and the ranking's triples a
+    second where its speed step ran bench_eval.py."""
+    said = []
+
+    def read(call: dict) -> None:
+        by_pair: dict[str, list[str]] = {}
+        for row in (call.get("throughput") or {}).get("rows", []):
+            by_pair.setdefault(f"{row['model']} {row['data']}", []).append(
+                f"{row['dtype']} {row['triples_per_s']:,.0f}")
+        said.extend(f"scoring {pair}: {', '.join(rates)} triples/s"
+                    for pair, rates in by_pair.items())
+        for run in call.get("train", []):
+            seqs = re.findall(r"seq/s (\d+)", run.get("tail", ""))
+            if seqs:
+                said.append(f"{run['data']} training {int(seqs[-1]):,} seq/s")
+        for run in call.get("speed", []):
+            said.extend(f"ranking {dtype} {r} triples/s"
+                        for dtype, r in RANK_ROW.findall(run.get("tail", "")))
+        for inner in call.get("calls", []):
+            read(inner)
+
+    read(json.loads(path.read_text()))
+    if not said:
+        raise not_understood(path, "throughput rows, train logs with seq/s or ranking rows")
+    return "; ".join(said)
+
+
+PARSERS = {"speed-auto-": auto_figures, "speed-train-": train_figures,
+           "speed-rank-": rank_figures, "gpu-call-": gpu_figures}
+
+# The speed table: what, the command, the CPU or GPU and date, and its logs in results/ (the
+# profile logs are links: their figures are tables of operators, no headline).
+SPEED = [
+    ("training step, UMLS cpu recipe, against the step before its cheaper dropout masks",
+     "`python bench/bench_train.py --data umls --recipes cpu:today,cpu --steps 16 --repeat 5`",
+     "2 cores Intel Xeon with AMX (family 6 model 207), 2026-11-29",
+     ["speed-train-umls-bf16-2026-11-29.log", "speed-train-umls-bf16-2026-11-29-evening.log"]),
+    ("the same in fp32", "`... --steps 8 --repeat 3 --dtype fp32`", "the same",
+     ["speed-train-umls-fp32-2026-11-29.log"]),
+    ("the step compiled against eager", "`... --recipes cpu,cpu:compile --steps 10 --repeat 3`",
+     "the same", ["speed-train-umls-compile-2026-11-29.log"]),
+    ("ranking UMLS, eager and `--compile`",
+     "`python bench/bench_eval.py --ours-only --data umls --queries 200 --repeat 3`", "the same",
+     ["speed-rank-umls-2026-11-29.log", "speed-rank-umls-2026-11-29-peak.log"]),
+    ("where the step's time goes", "`python bench/bench_train.py ... --profile`", "the same",
+     ["profile-umls-cpu-step-2026-11-29.log", "profile-umls-cpu-step-today-and-new-2026-11-29.log",
+      "profile-rank-umls-2026-11-29.log"]),
+    ("`--dtype auto` against fp32 and bf16: matmuls, a training step, a ranking pass",
+     "`python bench/bench_auto.py`",
+     "2 cores AMD EPYC (family 25 model 1, no AVX512), 2026-12-01",
+     ["speed-auto-2026-12-01-amd-epyc.log"]),
+    ("the same, a CPU with AVX512_BF16", "`python bench/bench_auto.py`",
+     "2 cores AMD EPYC (family 25 model 17), 2026-12-02",
+     ["speed-auto-2026-12-02-amd-epyc-zen4.log"]),
+    ("scoring on a GPU, fp32 / bf16 / compiled",
+     "`python bench/gpu_call.py --steps tests,throughput --triples 32768`",
+     "H200 and H100, 2026-11-26",
+     ["gpu-call-h200-2026-11-26.json", "gpu-call-h100-2026-11-26.json"]),
+    ("ranking and training steps on a GPU", "`bench/gpu_call.py` (`bench/gpu_pack.sh` prints the "
+     "calls)", "H200, 2026-11-27", ["gpu-call-h200-2026-11-27a.json",
+                                    "gpu-call-h200-2026-11-27a-train.json",
+                                    "gpu-call-h200-2026-11-27b.json"]),
+]
+
+
+def log_figures(log: str) -> str:
+    """A log's headline figures by its parser ('' for a profile log, a link only)."""
+    parser = next((f for prefix, f in PARSERS.items() if log.startswith(prefix)), None)
+    return parser(RESULTS / log) if parser else ""
+
+
+def speed() -> str:
+    """RESULTS' speed table: each row's figures parsed from the logs it names."""
+    rows = []
+    for what, command, machine, logs in SPEED:
+        figures = [(log, log_figures(log)) for log in logs]
+        cell = "<br>".join(f"`{log}`: {f}" if len(logs) > 1 else f for log, f in figures if f)
+        rows.append([what, command, machine, cell or "(operator tables)",
+                     ", ".join(f"`{log}`" for log in logs)])
+    return table(["what", "command", "CPU or GPU, date", "figures", "log"], rows)
 
 
 def out(text: str) -> None:

@@ -959,6 +959,23 @@ def test_two_rankings_never_write_one_state(trained, lp_root, tmp_path):
     # which weights it measured, each by its own name: the checkpoint's and its base model's
     meta = checkpoints.read_checkpoint(ckpt, tensors=False)[1]
     assert got["checkpoint_sha256"] == files.sha256_file(ckpt) and got["base_weights_sha256"] == meta["weights_sha256"]
+    # what a methods table reads: the adapter's bytes on disk; this checkpoint's metadata counts no
+    # parameters (as checkpoints older than the counts), so the summary says None, not a guess
+    assert got["checkpoint_bytes"] == Path(ckpt).stat().st_size > 0
+    assert got["train"]["tunable"] is None and got["train"]["total"] is None
+
+
+def test_the_train_summary_carries_the_parameter_counts_and_a_methods_settings(tiny_bert):
+    """train.py's metadata counts tunable and all parameters (palt.param_report); the summary keeps
+    both, and LoRA's rank and alpha with its method."""
+    model, _ = palt.build_palt(str(tiny_bert), palt.PaltConfig(method="lora", lora_rank=2, lora_alpha=4))
+    report = palt.param_report(model)
+    meta = {"palt": {"method": "lora", "lora_rank": 2, "lora_alpha": 4}, "tunable": report["tunable"],
+            "total": report["total"], "run": "{}"}
+    got = evalcli.train_summary(meta)
+    assert (got["method"], got["lora_rank"], got["lora_alpha"]) == ("lora", 2, 4)
+    assert 0 < got["tunable"] == report["tunable"] < got["total"] == report["total"]
+    assert evalcli.train_summary({"palt": {}, "run": "{}"})["total"] is None  # an older checkpoint
 
 
 def test_a_random_scorers_mrr_is_what_random_mrr_says(lp_root):

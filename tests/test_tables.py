@@ -1,0 +1,143 @@
+"""support/tables.py's methods table, verdict and picture, on synthetic finals in a temporary results folder:
+the figures they state are the JSONs' own, rows without a final are left out, and the verdict follows the numbers."""
+import json
+
+import numpy as np
+import pytest
+
+import plot
+from support import tables
+
+TOTAL = 23_000_000
+TUNABLE = {"palt": 600_000, "finetune": 23_000_000, "lora": 150_000, "bitfit": 100_000}
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """An empty results folder in place of the project's, the module's caches emptied around it."""
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    (tmp_path / "methods").mkdir()
+    for cached in (tables.result, tables.paired_lp, tables.paired_tc):
+        cached.cache_clear()
+    yield tmp_path
+    for cached in (tables.result, tables.paired_lp, tables.paired_tc):
+        cached.cache_clear()
+
+
+def final(root, graph, method, seed, figure, epochs=8, wall_s=960.0):
+    """results/methods/GRAPH-METHOD-sSEED.json as evaluate.py writes it: UMLS an MRR, WN11 an accuracy (its
+    per-triple rights: the first figure x 100 of 100 test triples right)."""
+    train = {"method": method, "tunable": TUNABLE[method], "total": TOTAL, "epochs": epochs, "steps": 163 * epochs,
+             "batch": 32, "wall_s": wall_s}
+    r = {"task": "lp" if graph == "umls" else "tc", "train": train, "checkpoint_bytes": 2_400_000,
+         "manifest": {"device": {"cpu": "Test CPU", "threads": 2}}}
+    if graph == "umls":
+        r["metrics"] = {"filtered": {"both": {"realistic": {"mrr": figure}}}}
+    else:
+        right = np.arange(100) < round(100 * figure)
+        r["metrics"] = {"test_accuracy": figure, "test_right": np.packbits(right).tobytes().hex()}
+        r["counts"] = {"test": 100}
+    (root / "methods" / f"{graph}-{method}-s{seed}.json").write_text(json.dumps(r))
+
+
+def umls_ranks(root, method, seed, rank):
+    """results/methods/umls-METHOD-sSEED-lp660.state: every one of 10 test triples ranked `rank` on both sides."""
+    state = root / "methods" / f"umls-{method}-s{seed}-lp660.state"
+    state.mkdir()
+    (state / "settings.json").write_text("{}")
+    rows = np.array([(t, s, rank, rank) for t in range(10) for s in (0, 1)])
+    np.savez(state / "rank0.npz", rows=rows)
+
+
+MRR = {("palt", 42): .70, ("palt", 1): .74, ("finetune", 42): .80, ("finetune", 1): .84,
+       ("lora", 42): .60, ("lora", 1): .66}
+
+
+def three_methods(root, seeds=(42, 1)):
+    for (method, seed), mrr in MRR.items():
+        if seed in seeds:
+            final(root, "umls", method, seed, mrr)
+
+
+def test_the_table_has_a_row_a_method_in_order_with_its_means_counts_and_sizes(results):
+    three_methods(results)
+    text = tables.methods()
+    rows = text.splitlines()[2:]
+    assert [r.split(" | ")[0].strip("| ") for r in rows] == ["palt", "finetune", "lora"]  # METHODS' order
+    palt, finetune, lora = rows
+    assert ".720 ± .028 (seeds 42, 1)" in palt and ".820 ± .028 (seeds 42, 1)" in finetune
+    assert ".630 ± .042 (seeds 42, 1)" in lora
+    assert "600,000 (2.61%)" in palt and "23,000,000 (100.00%)" in finetune and "150,000 (0.65%)" in lora
+    assert "| 2.4 |" in palt  # MB
+    assert "2.0 (Test CPU, 2 threads)" in palt  # 960 s over 8 epochs
+    assert "bitfit" not in text and "prompt" not in text  # no finals, no rows
+    assert "(the reference)" in finetune and "ranks not kept" in palt  # no -lp660 states yet
+
+
+def test_the_paired_gaps_read_the_kept_ranks_and_the_wn11_rights(results):
+    three_methods(results)
+    umls_ranks(results, "finetune", 42, 1)  # MRR 1 on every triple
+    umls_ranks(results, "palt", 42, 2)  # MRR .5
+    final(results, "wn11", "palt", 42, .85)
+    final(results, "wn11", "finetune", 42, .90)
+    palt = tables.methods().splitlines()[2]
+    assert "UMLS s42: -.500 [-.500, -.500] (10)" in palt
+    assert "WN11 s42: -5.00 [" in palt and "85.00 (seed 42)" in palt
+    assert "8 epochs, 41.7k positives against 8 epochs, 41.7k positives" in palt
+
+
+def test_without_finals_the_block_is_one_sentence_and_the_verdict_names_what_is_missing(results):
+    assert tables.methods().count("\n") == 0 and "results/methods/" in tables.methods()
+    verdict = tables.methods_verdict()
+    assert "awaits `umls-palt-sS`, `umls-finetune-sS`, `wn11-palt-s42`" in verdict
+    assert "`umls-lora-sS`" in verdict and "`wn11-bitfit-s42`" in verdict
+
+
+def test_the_verdict_follows_the_numbers(results):
+    for method, mrrs in {"palt": (.80, .81, .82), "finetune": (.805, .815, .825), "lora": (.70, .71, .72),
+                         "bitfit": (.60, .61, .62)}.items():
+        for seed, mrr in zip(tables.SEEDS, mrrs):
+            final(results, "umls", method, seed, mrr)
+    for method, acc in {"palt": .88, "finetune": .885, "lora": .86, "bitfit": .84}.items():
+        final(results, "wn11", method, 42, acc)
+    close = tables.methods_verdict()
+    assert "on UMLS PALT is within .010 MRR of finetuning (.810 against .815, finetuning +.005" in close
+    assert "on WN11 PALT is within 1.00 points" in close and "equal budgets: 8 epochs, 41.7k positives each" in close
+    assert "LoRA: PALT beats it on UMLS (.810 against .710) and beats it on WN11" in close
+    assert "awaits" not in close
+    tables.result.cache_clear()
+    final(results, "umls", "finetune", 42, .95)  # finetuning now far ahead on one seed
+    final(results, "wn11", "lora", 42, .95)  # and LoRA ahead on WN11
+    apart = tables.methods_verdict()
+    assert apart != close and "on UMLS PALT is not within .010 MRR" in apart
+    assert "does not beat it on WN11 (88.00 against 95.00)" in apart
+
+
+def test_plot_methods_draws_a_png_from_the_same_finals(results, tmp_path_factory, capsys):
+    pytest.importorskip("matplotlib")
+    three_methods(results)
+    out = tmp_path_factory.mktemp("figures") / "methods.png"
+    plot.main(["methods", "--out", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    said = capsys.readouterr().out
+    assert "lora: 150,000 tunable parameters, UMLS test MRR 0.6300 ± 0.0424 (seeds 42, 1)" in said
+
+
+def test_plot_methods_without_finals_says_so_in_one_line(results):
+    with pytest.raises(SystemExit, match=r"^error: no UMLS finals .* nothing to draw$"):
+        plot.main(["methods", "--out", "x.png"])
+
+
+def test_the_speed_figures_are_parsed_from_their_logs_and_a_log_not_understood_names_its_file(results):
+    (results / "speed-train-x.log").write_text("recipe  batch seq/step compiled seq/s real tok/s TFLOP/s share\n"
+                                               "cpu:today   32   128   today   316   4,091   0.17   24.0% of 0.73\n"
+                                               "cpu         32   128   eager   506   6,546   0.28   38.4% of 0.73\n")
+    assert tables.log_figures("speed-train-x.log") == "cpu:today 316, cpu 506 seq/s"
+    (results / "speed-auto-x.log").write_text("  UMLS training step (2 x 32+96 seq)   118.8   4.1   seq/s   0.03x\n"
+                                              "  UMLS ranking (4 queries x 135)   294.2   45.8  triples/s   0.16x\n")
+    assert tables.log_figures("speed-auto-x.log") == ("step fp32 118.8, bf16 4.1 seq/s; "
+                                                      "ranking fp32 294.2, bf16 45.8 triples/s")
+    (results / "speed-rank-x.log").write_text("a log of another format\n")
+    with pytest.raises(tables.SpeedLogError, match="speed-rank-x.log: no 'ours"):
+        tables.log_figures("speed-rank-x.log")
+    assert tables.log_figures("profile-x.log") == ""  # a link only
