@@ -27,7 +27,7 @@ import palt
 from bert import autocast
 from data import KG, DataError, Encoded, build_batch, encode, seq_lengths, to_device
 from support import bigrank, categories, evalcli, predict
-from support.devices import resolve_dtype, start_processes
+from support.devices import hold_frozen_linears, resolve_dtype, start_processes
 from support.evalcli import harmonic, random_mrr
 from support.errors import ERRORS, FlagError, ScoreError, Stopped
 from support.flags import check_compiler, check_seq_length
@@ -473,7 +473,7 @@ def open_predictor(args: argparse.Namespace, kg: KG, device: torch.device,
     check_seq_length(info["max_seq_length"], sum(info["prompts"]),
                      model.bert.config.max_position_embeddings, info["model"])
     # A Predictor keeps its precision: the frozen linears are cast once, not per batch.
-    palt.hold_frozen_linears(model, precision)
+    hold_frozen_linears(model, precision)
     scorer = Scorer(model=model, enc=encode(kg, tokenizer), prompts=info["prompts"],
                     max_seq_length=info["max_seq_length"], device=device, precision=precision,
                     tokens=args.tokens, compile=args.compile)

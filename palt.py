@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bert import sdpa_mask
-from support.errors import ConfigError
+from support.configs import check_config
 from support.hub import LoadedBert, load_bert
 
 METHODS = ("palt", "finetune", "lora", "bitfit", "prompt", "probe")
@@ -94,27 +94,6 @@ class LoRA(nn.Module):
         return self.base(x) + (x @ self.A.T) @ self.B.T * self.scale
 
 
-def check_config(cfg: PaltConfig, n_layers: int) -> None:
-    """A configuration's parts against its method and the model, one line each."""
-    if cfg.method not in METHODS:
-        raise ConfigError(f"method must be one of {', '.join(METHODS)}, not {cfg.method!r}")
-    if cfg.head_input not in ("cls", "mean"):
-        raise ConfigError(f"head_input must be cls or mean, not {cfg.head_input!r}")
-    if cfg.method != "palt" and (cfg.calib_layers or cfg.prompt_encoder):
-        raise ConfigError(f"PaltConfig(method={cfg.method!r}) has no calibration or W_p: give it "
-                          "calib_layers=() and prompt_encoder=False")
-    if cfg.method not in ("palt", "prompt") and (sum(cfg.prompts) or cfg.prompt_mlp):
-        raise ConfigError(f"PaltConfig(method={cfg.method!r}) has no prompt tokens: give it "
-                          "prompts=(0, 0, 0) and no prompt_mlp")
-    if cfg.method == "prompt" and not sum(cfg.prompts):
-        raise ConfigError("PaltConfig(method='prompt') trains prompt tokens: give it some")
-    if cfg.method == "lora" and (cfg.lora_rank < 1 or cfg.lora_alpha <= 0):
-        raise ConfigError(f"LoRA needs a rank of at least 1 and alpha above 0, not "
-                          f"{cfg.lora_rank} and {cfg.lora_alpha}")
-    if any(not 0 <= i < n_layers for i in cfg.calib_layers or ()):
-        raise ConfigError(f"calibration layers {cfg.calib_layers} outside 0..{n_layers - 1}")
-
-
 def trains(name: str, method: str, heads_to_train: tuple) -> bool:
     """Whether the base model's parameter `name` trains under `method`: a model without an NSP
     head always trains its heads (pooler, new NSP head); a probe trains the heads of any model."""
@@ -128,7 +107,7 @@ class PALT(nn.Module):
     def __init__(self, bert: nn.Module, cfg: PaltConfig, heads_to_train: tuple = ()):
         super().__init__()
         H, n_layers = bert.config.hidden_size, bert.config.num_hidden_layers
-        check_config(cfg, n_layers)
+        check_config(cfg, n_layers, METHODS)  # one line on what cannot work
         layers = tuple(cfg.calib_layers or ())
         if cfg.calib_layers is None:
             layers = default_calib_layers(n_layers)
@@ -201,18 +180,6 @@ def param_report(model: PALT) -> dict:
         parts[part] = parts.get(part, 0) + p.numel()
     tunable, total = sum(parts.values()), sum(p.numel() for p in model.parameters())
     return {"tunable": tunable, "total": total, "percent": 100 * tunable / total, "parts": parts}
-
-
-def hold_frozen_linears(model: PALT, dtype: str) -> None:
-    """Under 'bf16', the encoder's frozen linear layers held in bf16. bf16 autocast recasts a frozen
-    weight at every call (it caches only weights that train), in every step and every scoring
-    batch; cast once instead, to the same values, the results are bit-identical. The NSP head
-    stays as it is: it runs in fp32."""
-    if dtype != "bf16":
-        return
-    for m in model.bert.layers.modules():
-        if isinstance(m, nn.Linear) and not any(p.requires_grad for p in m.parameters()):
-            m.to(torch.bfloat16)
 
 
 def build_palt(model_name_or_path: str, cfg: PaltConfig) -> tuple[PALT, LoadedBert]:

@@ -3,10 +3,10 @@
   python train.py --data umls --recipe cpu
   torchrun --nproc_per_node 8 train.py --data wn11 --model bert-base-cased
 
-Read top to bottom: the lr schedule, one optimizer step
-(train_step), the loop (train), then the set-up: torchrun's processes, the model and its AdamW
-groups, the negatives, the resumed state (setup). The dev point's figure is evaluate.dev_metric;
-recipes (support/recipes.py: PRESETS), flag checks and checkpoint files live in support/.
+Read top to bottom: the lr schedule, one optimizer step (train_step), the loop (train), then the
+set-up: torchrun's processes, the model and its AdamW groups, the negatives, the resumed state
+(setup). The dev figure is evaluate.dev_metric; recipes (support/recipes.py), flags and files live
+in support/.
 """
 import json
 import signal
@@ -22,11 +22,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from bert import autocast
 from data import NegativeSampler, build_batch, encode, seq_lengths, to_device
 from evaluate import ERRORS, dev_metric
-from palt import PaltConfig, build_palt, hold_frozen_linears, param_report
+from palt import PaltConfig, build_palt, param_report
 from support import devices, flags, runlog
 from support.checkpoints import (check_output, check_resumable, claim_output, palt_meta, restore,
                                  save_run)
-from support.devices import compiled
+from support.devices import compiled, hold_frozen_linears
 from support.files import release_folder
 from support.graphs import load_kg
 from support.near import nearest_of_each

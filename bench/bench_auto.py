@@ -89,7 +89,7 @@ def training_steps(args, kg, tokenizer):
         torch.manual_seed(0)
         model, _ = palt.build_palt("minilm", PALT_CFG)
         model.train()  # dropout on, as in train.py
-        palt.hold_frozen_linears(model, dt)
+        devices.hold_frozen_linears(model, dt)
         opt, params = optimizer(model, torch.device("cpu"))
         runs[dt] = (lambda m=model, o=opt, p=params, dt=dt: [train_step(m, o, p, kg, enc, neg, idx, PROMPTS, dt, "cpu")
                                                             for idx in steps])
@@ -109,7 +109,7 @@ def ranking_pass(args, kg):
     runs = {}
     for dt in DTYPES:
         held = copy.deepcopy(model).eval()
-        palt.hold_frozen_linears(held, dt)
+        devices.hold_frozen_linears(held, dt)
         scorer = evaluate.Scorer(held, enc, meta["prompts"], meta["max_seq_length"], "cpu", dt)
         runs[dt] = lambda s=scorer: list(evaluate.rank_queries(s, lpq, tri, queries, block))
     seconds = best_of(args.repeat, runs)

@@ -191,7 +191,7 @@ def main():
         hf = transformers.BertForNextSentencePrediction.from_pretrained(d, attn_implementation="sdpa").to(device).eval()
     ours = ours.to(device).eval()
     held = copy.deepcopy(ours)  # evaluate.py's bf16 Predictor: the frozen linears cast to bf16 once
-    palt.hold_frozen_linears(held, "bf16")
+    devices.hold_frozen_linears(held, "bf16")
     kg = graphs.load_kg(args.data, args.data_dir)
     enc = data.encode(kg, loaded.tokenizer)
     rng = np.random.default_rng(0)

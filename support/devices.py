@@ -17,7 +17,7 @@ from support import files
 from support.errors import FlagError
 
 # autocast precisions: trained weights, optimizer state, loss and NSP head stay fp32; under bf16 the
-# encoder's frozen linears are held in bf16 (palt.hold_frozen_linears: cast once, bit-identical)
+# encoder's frozen linears are held in bf16 (hold_frozen_linears: cast once, bit-identical)
 DTYPES = ("auto", "fp32", "bf16")
 # auto takes bf16 on a CPU with native bf16 only where its matmuls run at least this much faster:
 # some CPUs with AVX512_BF16 and no AMX run them slower than fp32
@@ -141,7 +141,7 @@ def read_verdicts(path):
 def bf16_speedup(rows=TIMED_ROWS, hidden=TIMED_HIDDEN, repeats=3):
     """fp32's seconds over bf16's (> 1: bf16 is faster) for (rows, hidden) states through a
     feed-forward block as the model runs it: under bf16 autocast with bf16 weights (the frozen
-    linears, palt.hold_frozen_linears), else in fp32. The fastest of `repeats` passes each,
+    linears, hold_frozen_linears), else in fp32. The fastest of `repeats` passes each,
     alternated after a warm-up each, so that a burst of other work hits both alike."""
     g = torch.Generator().manual_seed(0)  # the global seed stays as it was
     x = torch.randn(rows, hidden, generator=g)
@@ -203,3 +203,15 @@ def compiled(model, run):
         return model
     mode = "reduce-overhead" if run.cudagraphs else None
     return torch.compile(model, dynamic=True, mode=mode)
+
+
+def hold_frozen_linears(model: torch.nn.Module, dtype: str) -> None:
+    """Under 'bf16', the encoder's frozen linear layers held in bf16. bf16 autocast recasts a frozen
+    weight at every call (it caches only weights that train), in every step and every scoring
+    batch; cast once instead, to the same values, the results are bit-identical. The NSP head
+    stays as it is: it runs in fp32."""
+    if dtype != "bf16":
+        return
+    for m in model.bert.layers.modules():
+        if isinstance(m, torch.nn.Linear) and not any(p.requires_grad for p in m.parameters()):
+            m.to(torch.bfloat16)

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 import train
 from conftest import make_bert_dir, write_tiny_kg
-from palt import METHODS, PALT, ConfigError, PaltConfig, param_report, score
+from palt import METHODS, PALT, PaltConfig, param_report, score
+from support.errors import ConfigError
 from support import checkpoints, runlog
 from support.hub import load_bert
 from test_palt import batch

@@ -7,7 +7,8 @@ from bert import Bert, BertConfig, CheckpointError
 from support.hub import load_bert
 from conftest import make_bert_dir
 from support.checkpoints import load_checkpoint, save_checkpoint
-from palt import PALT, ConfigError, PaltConfig, default_calib_layers, param_report
+from palt import PALT, PaltConfig, default_calib_layers, param_report
+from support.errors import ConfigError
 
 WORDS = [f"w{i}" for i in range(40)]
 
