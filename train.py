@@ -138,6 +138,8 @@ def train(tr: "Trainer", total_steps: int) -> bool:
                 save_stopped(tr)
                 return False
         history["train_wall_s"] = meter.wall()
+        if note := meter.at_prior(negatives_a_positive=neg.shape[1]):
+            tr.log0(note)
         # the epoch's end: a dev point, then best (if better), ckpt and the resume state
         history["epoch"] = epoch_index + 1
         dev_point(tr, epoch_index + 1, ["ckpt", "state"])

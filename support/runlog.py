@@ -2,6 +2,7 @@
 prints, and writes out/log.txt), the run's metrics file (Metrics: out/metrics.jsonl, and TensorBoard
 event files with --tensorboard), and the signals that end a run after the step under way."""
 import json
+import math
 import signal
 import time
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ class Meter:
         # The loss is summed on the device: an .item() a step would make the CPU wait for the GPU.
         self.loss_sum = torch.zeros((), device=device)
         self.n_steps = self.n_real = self.n_padded = 0
+        self.windows, self.seen = [], (0.0, 0)  # each log line's own mean loss; sum, steps so far
 
     def add(self, loss, batch):
         """One step's loss (on the device) and its batch's real and padded tokens."""
@@ -41,8 +43,12 @@ class Meter:
         """The figures of the epoch so far, for the log line and the metrics file (the loss's one
         .item(), here): the loss is the mean since the epoch's start (or a resume)."""
         dt = time.time() - self.t0
+        loss_sum = self.loss_sum.item()
+        if self.n_steps > self.seen[1]:  # the mean loss of the steps since the last log line
+            self.windows.append((loss_sum - self.seen[0]) / (self.n_steps - self.seen[1]))
+        self.seen = (loss_sum, self.n_steps)
         return {"kind": "train", "step": step, "total_steps": total_steps,
-                "epoch": epoch_index + 1, "loss": self.loss_sum.item() / self.n_steps, "lr": lr,
+                "epoch": epoch_index + 1, "loss": loss_sum / self.n_steps, "lr": lr,
                 "seq_per_s": self.n_steps * n_triples * world_size / dt,
                 "padded_per_real": self.n_padded / self.n_real,
                 "eta_min": (total_steps - step) * dt / self.n_steps / 60}
@@ -53,6 +59,18 @@ class Meter:
         return (f"epoch {f['epoch']}/{epochs} step {f['step']}/{f['total_steps']} loss "
                 f"{f['loss']:.4f} lr {f['lr']:.2e} seq/s {f['seq_per_s']:.0f} padded/real "
                 f"{f['padded_per_real']:.2f} {precision} eta {f['eta_min']:.1f}m")
+
+    def at_prior(self, negatives_a_positive: int, tolerance: float = 0.02) -> str | None:
+        """A line when every log line of the epoch lost what a scorer of the prior alone loses,
+        the entropy of 1 true triple in 1 + negatives_a_positive (within `tolerance` of it): a
+        model that learns falls below it. Else None."""
+        p = 1 / (1 + negatives_a_positive)
+        prior = -(p * math.log(p) + (1 - p) * math.log(1 - p))
+        if not self.windows or any(abs(w - prior) > tolerance * prior for w in self.windows):
+            return None
+        return (f"the loss sat at {prior:.4f} all epoch, the entropy of the prior (1 true triple "
+                f"in {1 + negatives_a_positive}): the model scores every triple alike; try another "
+                "recipe (--recipe tuned or cpu), another --lr, or fewer --negatives")
 
     def wall(self):
         """The run's training seconds so far, the resumed segments' included."""

@@ -530,3 +530,25 @@ def test_adamw_takes_the_authors_betas_and_eps_and_an_older_state_resumes_under_
     with pytest.raises(SystemExit):
         train.parse_args(args(setup, tmp_path, "--either-side"))  # with --negatives 1,1,1: refused
     assert train.parse_args(args(setup, tmp_path, "--either-side", "--negatives", "1,0,1")).either_side
+
+
+def test_a_loss_at_the_priors_entropy_all_epoch_is_named_with_what_to_try():
+    """1 true triple in 16 (negatives 5,5,5): predicting the prior alone loses 0.2338 a sequence. An epoch whose every
+    log line sits there says so; one that falls below it, or starts above it, does not."""
+    batch = {"attention_mask": torch.ones(2, 3), "input_ids": torch.ones(2, 3)}
+
+    def epoch(losses, negatives=15):
+        meter = runlog.Meter(0.0, torch.device("cpu"))
+        for i, loss in enumerate(losses):
+            meter.add(torch.tensor(loss), batch)
+            if i % 2 == 1:  # a log line every 2 steps
+                meter.figures(0, i + 1, len(losses), 1e-3, 8, 1)
+        return meter.at_prior(negatives_a_positive=negatives)
+
+    said = epoch([0.2341, 0.2335] * 4)
+    assert said.startswith("the loss sat at 0.2338 all epoch, the entropy of the prior (1 true triple in 16)")
+    assert "--recipe tuned or cpu" in said and "\n" not in said
+    assert epoch([0.2341, 0.2335] * 3 + [0.15, 0.14]) is None  # it learned at the end
+    assert epoch([0.69, 0.40] + [0.2338] * 6) is None  # it began above the prior
+    assert epoch([0.5623] * 4) is None  # 1 in 16 expects less
+    assert "at 0.5623 all epoch" in epoch([0.5623] * 4, negatives=3)  # 1,1,1: 1 true triple in 4
