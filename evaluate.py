@@ -30,7 +30,7 @@ from support import bigrank, categories, evalcli, predict
 from support.devices import hold_frozen_linears, resolve_dtype, start_processes
 from support.evalcli import harmonic, random_mrr
 from support.errors import ERRORS, FlagError, ScoreError, Stopped
-from support.flags import check_compiler, check_seq_length
+from support.flags import Run, check_compiler, check_seq_length
 
 KS = (1, 3, 10)  # Hits@k
 MIN_ROWS = 32  # a batch's fewest rows where lengths differ (Scorer)
@@ -319,7 +319,7 @@ def rank_split(scorer: Scorer, kg: KG, split: str, limit: int | None = None, see
     return metrics | {"candidates": len(lpq.candidates), "random_mrr": random_mrr(lpq, tri)}
 
 
-def dev_metric(model: torch.nn.Module, kg: KG, enc: Encoded, run, device: torch.device,
+def dev_metric(model: torch.nn.Module, kg: KG, enc: Encoded, run: Run, device: torch.device,
                precision: str, near: np.ndarray | None = None) -> tuple[dict, str]:
     """(figure, its log line) of train.py's dev point: accuracy at the threshold tuned on dev itself
     (an upper estimate), or the filtered MRR of the same seeded dev_limit dev triples every epoch,

@@ -273,7 +273,7 @@ def setup(run: flags.Run) -> tuple["Trainer", int]:
     ddp, device, dtype, world_size = procs.ddp, procs.device, procs.dtype, procs.world_size
     master_process = procs.rank == 0  # it logs, evaluates on dev and saves
     print0 = runlog.Printer(master_process)
-    flags.check_devices(run, device, ddp, world_size, print0)
+    flags.check_devices(run, device, ddp=ddp, world_size=world_size, print0=print0)
     out = Path(run.out)
     state_file = out / "state.safetensors"
     resumed = check_output(out, run.resume)  # before anything loads: nothing lost, no work wasted
@@ -300,7 +300,7 @@ def setup(run: flags.Run) -> tuple["Trainer", int]:
         ddp_model = DDP(model, device_ids=[procs.local_rank] if device.type == "cuda" else None)
     # A second run into --out is refused here.
     claim_output(out, run.resume, seen=resumed, master_process=master_process, ddp=ddp)
-    history = restore(resumed, state_file, model, opt, params)
+    history = restore(resumed, state_file, model=model, opt=opt, params=params)
     log0 = runlog.open_log(out, print0) if master_process else print0
     metrics = runlog.Metrics(out, tensorboard=run.tensorboard) if master_process else None
     if metrics:  # a resumed segment does the steps after its state's step again
