@@ -416,24 +416,41 @@ def retrained_pairings() -> str:
 
 
 def tuning() -> str:
-    """Each search's trial counts, hours and machines, and its top 3 trials, exactly as
-    `python -m support.tune --report --top 3 --out results/tune-GRAPH-METHOD` prints them (its
-    importances line left out)."""
+    """A row a search in results/ (tune-GRAPH-METHOD, by graph, then method): its trials by state,
+    the hours of its trials and the machines they ran on, and its best trial (the one best.txt
+    trains) with its dev figure and settings, as the study holds them. Each search's top trials
+    and importances: `python -m support.tune --report --top 3 --out results/tune-GRAPH-METHOD`."""
+    import optuna
+
     from support import tune
-    parts = []
     methods = ("palt", "finetune", "lora", "bitfit", "prompt", "probe")  # then any other search
 
     def place(folder: str) -> tuple:  # tune-GRAPH-METHOD: by graph, then by method
         _, graph, method = folder.split("-", 2)
         return graph, methods.index(method) if method in methods else len(methods), method
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rows = []
     found = [p.name for p in RESULTS.glob("tune-*-*") if (p / "study.db").is_file()]
     for folder in sorted(found, key=place):
-        # The report names its folder: relative to the project, as in any clone.
-        text = tune.report(RESULTS / folder, top=3).replace(f"{RESULTS.parent}/", "")
-        parts.append("\n".join(line for line in text.splitlines()
-                               if not line.startswith("importances")).strip())
-    return "\n\n".join(parts)
+        storage = optuna.storages.RDBStorage(f"sqlite:///{(RESULTS / folder / 'study.db')}")
+        study = optuna.load_study(study_name="tune", storage=storage)
+        trials = study.get_trials(deepcopy=False)
+        hours = sum(t.user_attrs.get("wall_s", 0) for t in trials) / 3600
+        machines = sorted({m for t in trials for m in t.user_attrs.get("machines", [])})
+        cells = [f"`{folder}`", f"{len(trials)} ({tune.counts_text(trials)})", f"{hours:.1f}",
+                 "; ".join(machines) or "not recorded"]
+        finished = tune.finished_trials(study)
+        if finished:
+            best = tune.row_of(finished[0])
+            metric = finished[0].user_attrs.get("metric", "dev")
+            settings = ", ".join(f"{k} {v}" for k, v in best["settings"].items())
+            cells += [best["number"], f"{metric} {best['value']}", settings]
+        else:
+            cells += ["-", "-", "no trial has trained in full yet"]
+        rows.append(cells)
+    return table(["search", "trials", "hours", "machines", "best trial", "its dev", "its settings"],
+                 rows)
 
 
 # ----------------------------------------------------------------------------- the methods
