@@ -31,7 +31,7 @@ from support.files import release_folder
 from support.graphs import load_kg
 from support.near import nearest_of_each
 from support.picture import write_curve
-from support.recipes import PRESETS  # every recipe's settings, one a line with its source
+from support.recipes import PRESETS, search_of  # every recipe's settings, one a line, its source
 
 
 def parse_args(argv: list[str] | None = None) -> flags.Run:
@@ -257,7 +257,8 @@ def build(run: flags.Run, dtype: str, device: torch.device) -> tuple:
                 data_fingerprint=kg.fingerprint, text=run.text, text_file=kg.text_file,
                 prompts=list(run.prompts), max_seq_length=run.max_seq_length, dtype=dtype,
                 palt=palt_meta(model), run=json.dumps(record), tunable=report["tunable"],
-                total=report["total"], negative_filter="train")  # corruptions redrawn when in train
+                total=report["total"], negative_filter="train",  # corruptions redrawn when in train
+                search=search_of(run.recipe, run.data))  # the search behind the recipe, if any
     model.to(device)
     hold_frozen_linears(model, dtype)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}

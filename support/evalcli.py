@@ -191,6 +191,7 @@ def train_summary(meta):
             "wall_s": meta.get("train_wall_s"),
             "tunable": meta.get("tunable"), "total": meta.get("total"), "dev": meta.get("dev"),
             "best_epoch": meta.get("best_epoch"), "recipe": args or None,
+            "search": meta.get("search"),  # the search and trial behind the recipe, if any
             # 'train': negatives redrawn when a train triple; checkpoints before 2026-11-28 lack the
             # key and redrew any train, dev or test fact
             **{k: meta[k] for k in ("negative_filter",) if k in meta}}

@@ -200,7 +200,7 @@ def parse_args(argv, presets, description):
         run.data = name
     run.recipe_note = None  # not a setting: why a run without --recipe took its recipe
     if run.recipe is None:
-        run.recipe, run.recipe_note = default_recipe(run.model)
+        run.recipe, run.recipe_note = default_recipe(run.model, run.method or "palt", presets)
     given = {k for k, v in vars(run).items() if v is not None}
     for k, v in presets[run.recipe][run.data if run.data in DATASETS else "own"].items():
         # A recipe's one-of-head-or-tail goes with its own negatives, not with the ones given.
@@ -224,14 +224,16 @@ def parse_args(argv, presets, description):
     return run
 
 
-def default_recipe(model):
+def default_recipe(model: str, method: str, presets: dict) -> tuple[str, str]:
     """(recipe, why in one line) of a run without --recipe: paper for a model with a pretrained
-    NSP head (the paper's BERT), tuned for one without (MiniLM: what our searches found for it)."""
+    NSP head (the paper's BERT); for one without (MiniLM), what our searches found for it: the
+    method's own tuned recipe where there is one (tuned-finetune), else PALT's (tuned)."""
     name = Path(model).name
     if has_nsp_head(model):
         return "paper", f"recipe paper: {name} has a pretrained NSP head, the paper's setting"
-    return "tuned", (f"recipe tuned: {name} has no pretrained NSP head, so it takes what our "
-                     "searches found for MiniLM (--recipe paper: the paper's BERT settings)")
+    recipe = f"tuned-{method}" if f"tuned-{method}" in presets else "tuned"
+    return recipe, (f"recipe {recipe}: {name} has no pretrained NSP head, so it takes what our "
+                    "searches found for MiniLM (--recipe paper: the paper's BERT settings)")
 
 
 # What each method trains beside the heads a model without an NSP head must train.

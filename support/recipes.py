@@ -6,9 +6,10 @@ neither sets takes flags.FALLBACKS or the flag's own default. No recipe sets the
   cpu    ours for MiniLM on a few CPU cores, set by hand
   gpu    the cpu recipe compiled; the big graphs for 10 epochs with self-negatives
   tuned  the best trial of our dev searches for MiniLM (results/tune-GRAPH-palt/)
+  tuned-finetune  the same for finetuning (results/tune-GRAPH-finetune/)
 
 Without --recipe, a model with a pretrained NSP head (BERT) takes paper and one without (MiniLM)
-takes tuned: flags.default_recipe.
+takes tuned-METHOD where there is one, else tuned: flags.default_recipe.
 """
 
 # ----------------------------------------------------------------------------- paper
@@ -148,4 +149,48 @@ TUNED = CPU | {
     ),
 }
 
-PRESETS = {"paper": PAPER, "cpu": CPU, "gpu": GPU, "tuned": TUNED}
+# The best finetuning trials: --method finetune on MiniLM takes them unless told otherwise.
+TUNED_FINETUNE_WN11 = dict(  # WN11 finetuning search (12,800 positives a trial), trial 10
+    lr=2.4e-4,  # trial 10
+    batch=32,  # trial 10
+    negatives=(1, 0, 1),  # trial 10: one corruption a positive...
+    either_side=True,  # ... of its head or of its tail
+    head_input="mean",  # trial 10
+    warmup=0.102,  # trial 10
+    adam_beta2=0.999,  # trial 10
+    adam_eps=1e-8,  # trial 10
+    hard_negatives=0.0,  # the search's
+)
+TUNED_FINETUNE = CPU | {
+    "wn11": TUNED_FINETUNE_WN11 | dict(epochs=1),  # the epoch PALT's tuned recipe was compared at
+    "fb13": TUNED_FINETUNE_WN11 | dict(epochs=2),  # results/fb13-ft-tuned-s42
+    "umls": dict(  # UMLS finetuning search (at most 4 epochs a trial), trial 12
+        lr=2.49e-4,  # trial 12
+        batch=16,  # trial 12
+        negatives=(5, 5, 5),  # trial 12
+        head_input="cls",  # trial 12
+        warmup=0.0901,  # trial 12
+        adam_beta2=0.98,  # trial 12
+        adam_eps=1e-6,  # trial 12
+        hard_negatives=0.0,  # the search's
+        epochs=8,  # as PALT's tuned recipe: the methods compare at 8 epochs
+        dev_limit=200,  # the search's
+    ),
+}
+
+PRESETS = {"paper": PAPER, "cpu": CPU, "gpu": GPU, "tuned": TUNED, "tuned-finetune": TUNED_FINETUNE}
+
+# The search and trial behind a tuned recipe's settings, recorded in each checkpoint it trains.
+SEARCHES = {
+    "tuned": {"umls": "results/tune-umls-palt trial 17", "wn11": "results/tune-wn11-palt trial 19",
+              "fb13": "results/tune-wn11-palt trial 19"},
+    "tuned-finetune": {"umls": "results/tune-umls-finetune trial 12",
+                       "wn11": "results/tune-wn11-finetune trial 10",
+                       "fb13": "results/tune-wn11-finetune trial 10"},
+}
+
+
+def search_of(recipe: str, data: str) -> str | None:
+    """The search and trial behind recipe's settings for the graph `data`; None for a recipe set
+    by hand (or the paper's)."""
+    return SEARCHES.get(recipe, {}).get(data)

@@ -195,3 +195,17 @@ def test_the_recipes_either_side_gives_way_to_negatives_given_on_the_command_lin
     assert train.parse_args(data).either_side is True
     run = train.parse_args([*data, "--negatives", "1,1,1"])
     assert (run.negatives, run.either_side) == ((1, 1, 1), False)
+
+
+def test_finetuning_takes_its_own_tuned_recipe_and_a_checkpoint_names_the_search_behind_it(setup, tmp_path):
+    root, base, headless = setup
+    data = ["--data", "umls", "--data-dir", str(root / "data"), "--model", str(headless)]
+    run = train.parse_args([*data, "--method", "finetune"])
+    assert run.recipe == "tuned-finetune" and (run.lr, run.negatives) == (2.49e-4, (5, 5, 5))
+    assert "recipe tuned-finetune:" in run.recipe_note
+    assert train.parse_args([*data, "--method", "lora"]).recipe == "tuned"  # no search of its own yet
+    train.main(train.parse_args(cli(setup, tmp_path, "--epochs", "1", "--method", "finetune")))
+    _, meta, _ = checkpoints.load_checkpoint(tmp_path / "ckpt.safetensors")
+    assert meta["search"] == "results/tune-umls-finetune trial 12"
+    train.main(train.parse_args(cli(setup, tmp_path / "cpu", "--epochs", "1", "--recipe", "cpu")))
+    assert checkpoints.load_checkpoint(tmp_path / "cpu" / "ckpt.safetensors")[1]["search"] is None
