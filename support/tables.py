@@ -682,6 +682,76 @@ NAMES_OF_METHODS = {"palt": "PALT", "finetune": "finetuning", "lora": "LoRA", "b
                     "prompt": "prompt tuning", "probe": "the probe"}
 
 
+# ----------------------------------------------------------------------------- Table 4
+# The paper's Table 4 on WN11 at a real budget: variant -> (its row's label, its train.py flags).
+# Every variant trains one epoch of the tuned WN11 PALT recipe with one change, finetuning one of
+# its own tuned recipe; bench/finals.py runs this dict and table4() reads what it wrote, so the
+# commands a reader sees and those that ran are the same. The tuned recipe has no prompt tokens,
+# so the prompt row adds the paper's WN11 ones rather than take them away.
+TABLE4 = {
+    "palt": ("PALT", "--recipe tuned"),
+    "prompts": ("w/ prompts 2,0,0 (the tuned recipe has none)", "--recipe tuned --prompts 2,0,0"),
+    "nowp": ("w/o W_p", "--recipe tuned --no-wp"),
+    "nocalib-mid": ("w/o calibration at the middle (layer 3)", "--recipe tuned --calib 5"),
+    "nocalib-last": ("w/o calibration at the last (layer 5)", "--recipe tuned --calib 3"),
+    "nocalib": ("w/o calibration at both", "--recipe tuned --calib none"),
+    "probe": ("w/o the encoder (probe)", "--recipe tuned --method probe"),
+    "finetune": ("finetuning", "--method finetune --recipe tuned-finetune"),
+}
+TABLE4_FOLDER = "table4"
+TABLE4_SEEDS = (42, 1)
+TABLE4_TRAIN = ("python train.py --data wn11 --epochs 1 {flags} --seed {seed} --dtype auto "
+                "--out runs/table4-{variant}-s{seed}")
+TABLE4_EVALUATE = ("python evaluate.py --tc --ckpt runs/table4-{variant}-s{seed} --dtype fp32 "
+                   "--out results/table4/wn11-{variant}-s{seed}.json")
+
+
+def table4_finals() -> dict[str, dict[int, str]]:
+    """{variant: {seed: NAME}} of the JSONs in results/table4/, NAME as result() takes it
+    (table4/wn11-VARIANT-sSEED); variants in TABLE4's order, seeds 42, 1, 2 first."""
+    found: dict[str, dict[int, str]] = {}
+    for variant in TABLE4:
+        pattern = re.compile(rf"^wn11-{re.escape(variant)}-s(\d+)$")
+        for path in (RESULTS / TABLE4_FOLDER).glob(f"wn11-{variant}-s*.json"):
+            m = pattern.match(path.stem)
+            if m:
+                found.setdefault(variant, {})[int(m[1])] = f"{TABLE4_FOLDER}/{path.stem}"
+    return {variant: dict(sorted(seeds.items(), key=lambda kv: seed_order(kv[0])))
+            for variant, seeds in found.items()}
+
+
+def table4() -> str:
+    """The paper's Table 4 on WN11 at a real budget, one row a variant with JSONs in
+    results/table4/: its seeds, test accuracy over them, tunable parameters and the paired gap to
+    PALT on seed 42 over all test triples; one sentence while no run has been made."""
+    got = table4_finals()
+    if not got:
+        pattern = dict(flags="FLAGS", seed="SEED", variant="VARIANT")
+        each = "; ".join(f"{label} `{flags}`" for label, flags in TABLE4.values())
+        return (f"Table 4's runs at a real budget have not been made yet: "
+                f"`results/{TABLE4_FOLDER}/` will hold `wn11-VARIANT-sSEED.json` for seeds "
+                f"{', '.join(map(str, TABLE4_SEEDS))} from `{TABLE4_TRAIN.format(**pattern)}` "
+                f"and then `{TABLE4_EVALUATE.format(**pattern)}`, FLAGS by row: {each} "
+                f"(`python bench/finals.py table4` runs them in turn).")
+    reference = got.get("palt", {}).get(42)
+    rows = []
+    for variant, names in got.items():
+        values = [accuracy(n) for n in names.values()]
+        figure = mean_sd(values, points) if len(values) > 1 else points(values[0])
+        if variant == "palt":
+            gap = "(the reference)"
+        elif reference and 42 in names:
+            gap = gap_text(*paired_tc(reference, names[42]), points)
+        else:
+            gap = "— (no seed-42 pair)"
+        rows.append([TABLE4[variant][0], ", ".join(map(str, names)), figure,
+                     parameters_cell(next(iter(names.values()))), gap,
+                     f"`{TABLE4_FOLDER}/wn11-{variant}-sS`"])
+    return table(["variant (1 epoch)", "seeds", "test accuracy",
+                  "tunable parameters (% of the model)", "paired gap to PALT, seed 42 [95%]",
+                  "JSON"], rows)
+
+
 # ----------------------------------------------------------------------------- speed
 class SpeedLogError(ValueError):
     """A speed log whose format the parsers do not understand: the check stops, naming the file,

@@ -141,3 +141,46 @@ def test_the_speed_figures_are_parsed_from_their_logs_and_a_log_not_understood_n
     with pytest.raises(tables.SpeedLogError, match="speed-rank-x.log: no 'ours"):
         tables.log_figures("speed-rank-x.log")
     assert tables.log_figures("profile-x.log") == ""  # a link only
+
+
+def table4_final(root, variant, seed, figure, tunable=600_000):
+    """results/table4/wn11-VARIANT-sSEED.json as `evaluate.py --tc` writes it: the first figure x 100 of 100 test
+    triples right."""
+    (root / "table4").mkdir(exist_ok=True)
+    right = np.arange(100) < round(100 * figure)
+    r = {"task": "tc", "train": {"tunable": tunable, "total": TOTAL, "epochs": 1},
+         "metrics": {"test_accuracy": figure, "test_right": np.packbits(right).tobytes().hex()}, "counts": {"test": 100}}
+    (root / "table4" / f"wn11-{variant}-s{seed}.json").write_text(json.dumps(r))
+
+
+def test_table4_has_a_row_a_variant_in_the_papers_order_with_its_mean_and_paired_gap(results):
+    # Written out of order, with a seed-1-only variant and a run of another ranking beside them.
+    table4_final(results, "finetune", 42, .90, tunable=TOTAL)
+    table4_final(results, "finetune", 1, .92, tunable=TOTAL)
+    table4_final(results, "probe", 1, .70, tunable=1_000)
+    table4_final(results, "nowp", 42, .80)
+    table4_final(results, "nocalib-mid", 42, .83)
+    table4_final(results, "nocalib", 42, .75)
+    table4_final(results, "palt", 1, .87)
+    table4_final(results, "palt", 42, .85)
+    (results / "table4" / "wn11-palt-s42-lp660.json").write_text("{}")  # not a final: never read
+    rows = tables.table4().splitlines()[2:]
+    labels = [r.split(" | ")[0].strip("| ") for r in rows]
+    assert labels == ["PALT", "w/o W_p", "w/o calibration at the middle (layer 3)", "w/o calibration at both",
+                      "w/o the encoder (probe)", "finetuning"]
+    palt, nowp, mid, both, probe, finetune = rows
+    assert "| 42, 1 | 86.00 ± 1.41 |" in palt and "(the reference)" in palt and "600,000 (2.61%)" in palt
+    assert "| 42 | 80.00 |" in nowp and "| -5.00 [" in nowp  # 80 of the 85 PALT got right
+    assert "| -2.00 [" in mid and "| -10.00 [" in both
+    assert "| 1 | 70.00 |" in probe and "no seed-42 pair" in probe and "1,000 (0.00%)" in probe
+    assert "| 42, 1 | 91.00 ± 1.41 |" in finetune and "| +5.00 [" in finetune and "23,000,000 (100.00%)" in finetune
+    assert "`table4/wn11-finetune-sS`" in finetune
+
+
+def test_table4_without_runs_is_one_sentence_naming_the_folder_and_every_rows_flags(results):
+    said = tables.table4()
+    assert "\n" not in said and said.startswith("Table 4's runs at a real budget have not been made yet")
+    assert "`results/table4/`" in said and "wn11-VARIANT-sSEED.json" in said and "bench/finals.py table4" in said
+    assert "--out runs/table4-VARIANT-sSEED" in said and "--dtype fp32 --out results/table4/wn11-VARIANT-sSEED.json" in said
+    for label, flags in tables.TABLE4.values():
+        assert f"{label} `{flags}`" in said
