@@ -580,7 +580,8 @@ def methods() -> str:
     if not umls and not wn11:
         return (f"The methods' finals have not run yet: `results/{METHODS_FOLDER}/` will hold "
                 f"`umls-METHOD-sSEED.json` and `wn11-METHOD-sSEED.json` (`{FINALS_COMMAND}`, "
-                f"and `--tc` for WN11).")
+                f"and `--tc` for WN11; `python bench/finals.py methods --graph umls|wn11` runs "
+                f"them in turn).")
     rows = []
     for method in METHODS:
         u, w = umls.get(method, {}), wn11.get(method, {})
