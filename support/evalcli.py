@@ -68,6 +68,9 @@ def parser(doc):
     ap.add_argument("--limit", type=int, help="--lp: a seeded random N test triples (an estimate, "
                     "95%% interval)")
     ap.add_argument("--seed", type=int, default=0, help="--limit: the subset and the bootstrap")
+    ap.add_argument("--keep-ranks", action="store_true", help="--lp: a full ranking keeps its "
+                    "ranks in OUT.state (else removed once the JSON is written), for "
+                    "bench/paired.py")
     ap.add_argument("--raw", action="store_true", help="--lp: print raw (unfiltered) ranks too "
                     "(always in the JSON)")
     ap.add_argument("--per-relation", action="store_true", help="--tc: one threshold per relation; "
@@ -115,6 +118,8 @@ def parse_args(argv, doc):
     ints = ("limit", "topk", "tokens", "block_rows", "max_seq_length", "stop_after_queries")
     if args.shortlist is not None and args.task != "predict":
         ap.error("--shortlist is for --predict only: --lp and --tc always score every candidate")
+    if args.keep_ranks and args.task != "lp":
+        ap.error("--keep-ranks is for --lp only: it keeps a ranking's ranks")
     limits = {k: (1, True) for k in ints} | {"seed": (0, True), "save_every": (0, False)}
     check_limits(ap, args, limits)
     return args
@@ -361,7 +366,7 @@ def report(args, argv, result, state, scorer, kg, info, meta, out, t0, world_siz
         raise OutputError(f"cannot write {out} ({e.strerror or e}); the previous file is "
                           f"kept, and {keep}") from None
     # a full ranking is written; an estimate's ranks stay for a larger --limit
-    if state and not result["estimate"]:
+    if state and not result["estimate"] and not args.keep_ranks:
         shutil.rmtree(state.folder, ignore_errors=True)
     print(f"wrote {out} ({result['wall_s']:.1f} s)")
     print("| " + " | ".join(row) + " |")

@@ -456,14 +456,13 @@ def tuning() -> str:
 # ----------------------------------------------------------------------------- the methods
 # The methods compared at equal budgets, in the table's order, and where their finals live:
 # results/methods/GRAPH-METHOD-sSEED.json, written by `evaluate.py --lp` (UMLS, all test triples)
-# or `evaluate.py --tc` (WN11). A full ranking removes its ranks once its JSON is written, so the
-# UMLS pairs read the ranks kept by a second ranking of the same checkpoint with --limit 660, as
-# the other UMLS pairs do: results/methods/umls-METHOD-sSEED-lp660.state (and its JSON).
+# or `evaluate.py --tc` (WN11). The UMLS ranking keeps its ranks (--keep-ranks) beside its JSON,
+# in results/methods/umls-METHOD-sSEED.state, which the paired gaps read.
 METHODS = ("palt", "finetune", "lora", "bitfit", "prompt", "probe")
 METHODS_FOLDER = "methods"
 METHOD_GRAPHS = ("umls", "wn11")
 FINAL = re.compile(r"^(?P<graph>[a-z0-9-]+?)-(?P<method>[a-z]+)-s(?P<seed>\d+)$")
-FINALS_COMMAND = ("python evaluate.py --lp --ckpt runs/umls-METHOD-sSEED "
+FINALS_COMMAND = ("python evaluate.py --lp --keep-ranks --ckpt runs/umls-METHOD-sSEED "
                   "--out results/methods/umls-METHOD-sSEED.json")
 
 
@@ -536,46 +535,46 @@ def minutes_per_epoch(names: dict[int, str]) -> str:
     return f"{statistics.mean(values) / 60:.1f} ({machines})"
 
 
-def umls_pair(method: str, seed: int) -> str | None:
-    """The paired MRR gap METHOD - finetuning of one UMLS seed over the triples both ranked, from
-    their kept ranks (results/methods/umls-METHOD-sSEED-lp660.state); None where one lacks them."""
-    a, b = (f"{METHODS_FOLDER}/umls-{m}-s{seed}-lp660" for m in ("finetune", method))
+def umls_pair(method: str, reference: str, seed: int) -> str | None:
+    """The paired MRR gap METHOD - REFERENCE of one UMLS seed over the triples both ranked, from
+    their kept ranks (results/methods/umls-METHOD-sSEED.state); None where one lacks them."""
+    a, b = (f"{METHODS_FOLDER}/umls-{m}-s{seed}" for m in (reference, method))
     if not all((RESULTS / f"{n}.state").is_dir() for n in (a, b)):
         return None
     gap, ci, n = paired_lp(a, b)
     return f"s{seed}: {gap_text(gap, ci)} ({n})"
 
 
-def wn11_pair(ft: str, name: str, seed: int) -> str:
-    """The paired accuracy gap of one WN11 seed, METHOD - finetuning, over all test triples."""
-    gap, ci = paired_tc(ft, name)
+def wn11_pair(reference: str, name: str, seed: int) -> str:
+    """The paired accuracy gap of one WN11 seed, METHOD - REFERENCE, over all test triples."""
+    gap, ci = paired_tc(reference, name)
     return f"s{seed}: {gap_text(gap, ci, points)}"
 
 
-def gap_cell(method: str, umls: dict, wn11: dict) -> str:
-    """The paired gaps to finetuning by graph and seed, each side's budget beside them."""
-    if method == "finetune":
+def gap_cell(method: str, reference: str, umls: dict, wn11: dict) -> str:
+    """The paired gaps METHOD - REFERENCE by graph and seed, each side's budget beside them."""
+    if method == reference:
         return "(the reference)"
     said = []
     for graph, got in (("UMLS", umls), ("WN11", wn11)):
-        ft, ours = got.get("finetune", {}), got.get(method, {})
-        seeds = [s for s in ours if s in ft]
+        ref, ours = got.get(reference, {}), got.get(method, {})
+        seeds = [s for s in ours if s in ref]
         if not seeds:
             continue
         if graph == "UMLS":
-            pairs = [umls_pair(method, s) for s in seeds]
-            text = "; ".join(p for p in pairs if p) or "ranks not kept (no -lp660 states)"
+            pairs = [umls_pair(method, reference, s) for s in seeds]
+            text = "; ".join(p for p in pairs if p) or "ranks not kept (no .state folders)"
         else:
-            text = "; ".join(wn11_pair(ft[s], ours[s], s) for s in seeds)
+            text = "; ".join(wn11_pair(ref[s], ours[s], s) for s in seeds)
         s0 = seeds[0]
-        said.append(f"{graph} {text} ({budget(ours[s0])} against {budget(ft[s0])})")
-    return "<br>".join(said) or "no finetuning final to pair with"
+        said.append(f"{graph} {text} ({budget(ours[s0])} against {budget(ref[s0])})")
+    return "<br>".join(said) or f"no {reference} final to pair with"
 
 
 def methods() -> str:
     """The methods at equal budgets, one row a method with a final in results/methods/: tunable
     parameters, adapter size, minutes a UMLS epoch, UMLS test MRR, WN11 test accuracy and the
-    paired gaps to finetuning; one sentence while no final has run."""
+    paired gaps to finetuning and to PALT; one sentence while no final has run."""
     umls, wn11 = finals("umls"), finals("wn11")
     if not umls and not wn11:
         return (f"The methods' finals have not run yet: `results/{METHODS_FOLDER}/` will hold "
@@ -590,10 +589,12 @@ def methods() -> str:
         first = next(iter((u or w).values()))
         rows.append([method, parameters_cell(first), adapter_mb(first),
                      minutes_per_epoch(u) if u else "—", over_seeds(u) if u else "—",
-                     over_seeds(w, points) if w else "—", gap_cell(method, umls, wn11)])
+                     over_seeds(w, points) if w else "—", gap_cell(method, "finetune", umls, wn11),
+                     gap_cell(method, "palt", umls, wn11)])
     return table(["method", "tunable parameters (% of the model)", "adapter (MB)",
                   "minutes a UMLS epoch (machine)", "UMLS test MRR", "WN11 test accuracy",
-                  "paired gap, method - finetuning, by seed (budgets)"], rows)
+                  "paired gap, method - finetuning, by seed (budgets)",
+                  "paired gap, method - PALT, by seed"], rows)
 
 
 def umls_points() -> list[tuple[str, int, float, float, list[int]]]:

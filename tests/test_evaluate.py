@@ -247,6 +247,23 @@ def test_the_subset_of_a_smaller_limit_is_part_of_every_larger_ones():
             before = now
 
 
+def test_keep_ranks_leaves_a_full_rankings_ranks_for_the_paired_gaps(lp_root, tiny_bert, tmp_path, capsys):
+    """--keep-ranks: the full ranking's state stays beside its JSON, whole, and bench/paired.py reads the same MRR
+    from it; --tc has no ranks to keep."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import paired
+    common = ["--lp", "--data", "umls", "--data-dir", lp_root, "--model", tiny_bert, "--block-rows", 20]
+    kept = run_cli(*common, "--keep-ranks", "--out", tmp_path / "kept.json")
+    ranks, settings = paired.ranks(tmp_path / "kept.state")
+    assert len(ranks) == 2 * kept["counts"]["test_triples"] and settings["seed"] == 0
+    mrr = np.mean([1 / r for r in ranks.values()])
+    assert mrr == pytest.approx(kept["metrics"]["filtered"]["both"]["realistic"]["mrr"])
+    assert run_cli(*common, "--keep-ranks", "--out", tmp_path / "kept.json")["metrics"] == kept["metrics"]
+    with pytest.raises(SystemExit):
+        evaluate.main([str(a) for a in ["--tc", "--keep-ranks", "--model", tiny_bert]])
+    assert "--keep-ranks is for --lp only" in capsys.readouterr().err
+
+
 def test_a_larger_limit_reuses_every_ranked_query_and_other_settings_refuse(lp_root, tiny_bert, trained, tmp_path,
                                                                            monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the default paths: results/ under the working folder

@@ -75,14 +75,14 @@ def test_methods_take_the_searched_settings_at_the_finals_budget(results, capsys
     assert (run.method, run.epochs, run.max_steps, run.dev_every, run.seed) == ("lora", 1, None, None, 1)
 
 
-def test_umls_methods_train_8_epochs_and_rank_twice_keeping_the_660_triples_ranks(results, capsys):
+def test_umls_methods_train_8_epochs_and_rank_once_keeping_the_ranks(results, capsys):
     commands, _ = planned(capsys, "methods", "--graph", "umls", "--methods", "finetune")
     assert len(commands) == 3  # seeds 42, 1, 2
-    trained, full, sampled = commands[0].split(" && ")
+    trained, full = commands[0].split(" && ")
     assert "--method finetune --recipe tuned-finetune --epochs 8 --seed 42" in trained
-    assert full.endswith("--lp --ckpt runs/umls-finetune-s42 --dtype fp32 --out results/methods/umls-finetune-s42.json")
-    assert sampled.endswith("--limit 660 --out results/methods/umls-finetune-s42-lp660.json")
+    assert full.endswith("--lp --keep-ranks --ckpt runs/umls-finetune-s42 --dtype fp32 "
+                         "--out results/methods/umls-finetune-s42.json")
     (results / "methods").mkdir()
-    (results / "methods" / "umls-finetune-s42.json").write_text("{}")  # the full ranking done, the sampled one not
+    (results / "methods" / "umls-finetune-s42.json").write_text("{}")  # done: nothing left to run
     commands, _ = planned(capsys, "methods", "--graph", "umls", "--methods", "finetune", "--seeds", "42")
-    assert commands[0].split(" && ")[1].endswith("-lp660.json")
+    assert commands == []

@@ -41,8 +41,8 @@ def final(root, graph, method, seed, figure, epochs=8, wall_s=960.0):
 
 
 def umls_ranks(root, method, seed, rank):
-    """results/methods/umls-METHOD-sSEED-lp660.state: every one of 10 test triples ranked `rank` on both sides."""
-    state = root / "methods" / f"umls-{method}-s{seed}-lp660.state"
+    """results/methods/umls-METHOD-sSEED.state: every one of 10 test triples ranked `rank` on both sides."""
+    state = root / "methods" / f"umls-{method}-s{seed}.state"
     state.mkdir()
     (state / "settings.json").write_text("{}")
     rows = np.array([(t, s, rank, rank) for t in range(10) for s in (0, 1)])
@@ -71,7 +71,8 @@ def test_the_table_has_a_row_a_method_in_order_with_its_means_counts_and_sizes(r
     assert "| 2.4 |" in palt  # MB
     assert "2.0 (Test CPU, 2 threads)" in palt  # 960 s over 8 epochs
     assert "bitfit" not in text and "prompt" not in text  # no finals, no rows
-    assert "(the reference)" in finetune and "ranks not kept" in palt  # no -lp660 states yet
+    assert "(the reference)" in finetune and "ranks not kept" in palt  # no .state folders yet
+    assert palt.endswith("| (the reference) |") and "ranks not kept" in lora.split(" | ")[-1]  # the gaps to PALT
 
 
 def test_the_paired_gaps_read_the_kept_ranks_and_the_wn11_rights(results):
@@ -80,10 +81,13 @@ def test_the_paired_gaps_read_the_kept_ranks_and_the_wn11_rights(results):
     umls_ranks(results, "palt", 42, 2)  # MRR .5
     final(results, "wn11", "palt", 42, .85)
     final(results, "wn11", "finetune", 42, .90)
-    palt = tables.methods().splitlines()[2]
+    umls_ranks(results, "lora", 42, 4)  # MRR .25
+    palt, _, lora = tables.methods().splitlines()[2:]
     assert "UMLS s42: -.500 [-.500, -.500] (10)" in palt
     assert "WN11 s42: -5.00 [" in palt and "85.00 (seed 42)" in palt
     assert "8 epochs, 41.7k positives against 8 epochs, 41.7k positives" in palt
+    to_finetune, to_palt = lora.split(" | ")[-2:]
+    assert "UMLS s42: -.750 [-.750, -.750] (10)" in to_finetune and "UMLS s42: -.250 [-.250, -.250] (10)" in to_palt
 
 
 def test_without_finals_the_block_is_one_sentence_and_the_verdict_names_what_is_missing(results):
