@@ -1,7 +1,15 @@
-"""Trains and evaluates, one after another, the finals that results/ does not hold yet.
+"""Runs the methods comparison's searches, then trains and evaluates the finals that results/ does not hold yet.
 
-    python bench/finals.py table4 [--seeds 42,1] [--dry-run]
-    python bench/finals.py methods --graph umls|wn11 [--seeds 42,1,2] [--methods palt,finetune] [--dry-run]
+    python bench/finals.py searches [--only tune-umls-lora,...] [--jobs 2] [--dry-run]
+    python bench/finals.py sync [--runs DIR]
+    python bench/finals.py table4 [--seeds 42,1] [--jobs 2] [--dry-run]
+    python bench/finals.py methods --graph umls|wn11 [--seeds 42,1,2] [--methods palt,finetune] [--jobs 2] [--dry-run]
+
+searches: each search of SEARCHES (python -m support.tune) to its trials, in runs/NAME, begun from the study committed
+in results/NAME: its ended trials stay, a running one trains again. A search is skipped once results/NAME holds its
+trials, ended. sync: copies each search's small state from runs/ (or DIR, a clone's runs/) into results/NAME: the
+study (by SQLite's backup, safe while it runs), trials.tsv, best.txt and the ended trials' log.txt; searches syncs
+each search as it stops. --jobs N: N searches or finals at a time, each logging to runs/NAME.log.
 
 table4: the paper's Table 4 on WN11, each variant of support/tables.py's TABLE4 for one epoch, into
 results/table4/wn11-VARIANT-sSEED.json. methods: each method at its searched settings (palt the tuned
@@ -13,13 +21,112 @@ A final whose results JSON exists is skipped; a run folder that holds a resume s
 --resume. Training takes --dtype auto, evaluation fp32. Each command is printed with the time before
 it runs; --dry-run prints one line a final (its commands joined by &&) and runs nothing.
 """
-import argparse, shlex, subprocess, sys, time
+import argparse, shlex, shutil, sqlite3, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from support import tables  # noqa: E402
+from support import recipes, tables  # noqa: E402
+
+# ----------------------------------------------------------------------------- the searches
+# The searches behind the finals, at the budgets and dev sets of the PALT and finetuning studies
+# (results/tune-GRAPH-palt, -finetune): on UMLS at most 4 epochs a trial, 200 dev triples; on WN11
+# 12,800 positives a trial. LoRA and BitFit search like PALT and finetuning (as many trials, the cpu
+# recipe as one trial). Prompt tuning and the probe take PALT's tuned settings and search their lr;
+# finetuning's second search takes its tuned settings and its lr up to 1e-3.
+BUDGET = {"umls": "--recipe cpu --max-epochs 4 --dev-limit 200", "wn11": "--recipe cpu --positives 12800"}
+TRIALS = {"umls": 30, "wn11": 20}  # the PALT and finetuning studies'
+WIDE_LR = "1e-4:3e-2"  # prompts and heads alone: prompt tuning's lr runs high (Lester et al. 2021)
+FINETUNE_LR = "1e-4:1e-3"  # its first searches stopped at 3e-4, their best trials near the top
+
+
+def pins(graph: str, recipe: dict, names: tuple[str, ...]) -> str:
+    """--space items fixing `names` at a recipe's values, as support.tune spells them."""
+    out = []
+    for name in names:
+        value = recipe.get(name)
+        if name == "negatives":
+            value = "1,0,1 --either-side" if recipe.get("either_side") else ",".join(map(str, value))
+        elif name == "epochs":
+            value = 4  # the UMLS searches' cap (--max-epochs 4)
+        elif isinstance(value, float):
+            value = f"{value:.3g}"
+        out.append(f"{name}={value}")
+    return ",".join(out)
+
+
+COMMON = ("batch", "negatives", "warmup", "adam_beta2", "adam_eps", "head_input")
+
+
+def searches() -> dict[str, str]:
+    """{results folder: support.tune's flags} of every search, UMLS's first."""
+    out = {}
+    for graph in ("umls", "wn11"):
+        common = COMMON + (("epochs",) if graph == "umls" else ())
+        palt, ft = recipes.TUNED[graph], recipes.TUNED_FINETUNE[graph]
+        base = f"--data {graph} {BUDGET[graph]}"
+        for method in ("lora", "bitfit"):
+            out[f"tune-{graph}-{method}"] = (f"{base} --method {method} --trials {TRIALS[graph]} "
+                                             "--try-recipe")
+        space = pins(graph, palt, common + ("head_lr",))
+        out[f"tune-{graph}-prompt"] = (f"{base} --method prompt --trials 8 "
+                                       f"--space '{space},prompts=10,10,10,lr={WIDE_LR}'")
+        space = pins(graph, palt, common)
+        out[f"tune-{graph}-probe"] = f"{base} --method probe --trials 8 --space '{space},lr={WIDE_LR}'"
+        space = pins(graph, ft, common)
+        out[f"tune-{graph}-finetune-lr"] = (f"{base} --method finetune --trials 10 "
+                                            f"--space '{space},lr={FINETUNE_LR}'")
+    return out
+
+
+def trials_of(folder: Path) -> tuple[int, int]:
+    """(ended, all) trials of a search's trials.tsv; (0, 0) where it has none."""
+    if not (folder / "trials.tsv").is_file():
+        return 0, 0
+    rows = [line.split("\t") for line in (folder / "trials.tsv").read_text().splitlines()[1:]]
+    return sum(r[1] != "running" for r in rows), len(rows)
+
+
+def sync(src: Path, dst: Path) -> None:
+    """A search's small state from its run folder into results/: the study (SQLite's backup, safe
+    while the search writes), trials.tsv, best.txt and the ended trials' log.txt."""
+    dst.mkdir(parents=True, exist_ok=True)
+    a, b = sqlite3.connect(src / "study.db"), sqlite3.connect(dst / "study.db")
+    a.backup(b)
+    b.close(), a.close()
+    for name in ("trials.tsv", "best.txt"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    rows = [line.split("\t") for line in (src / "trials.tsv").read_text().splitlines()[1:]] \
+        if (src / "trials.tsv").is_file() else []
+    for number in (r[0] for r in rows if r[1] != "running"):
+        log = src / "trials" / number / "log.txt"
+        if log.is_file():
+            (dst / "trials" / number).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(log, dst / "trials" / number / "log.txt")
+
+
+def search_command(name: str, flags: str) -> str:
+    return f"python -m support.tune {flags} --out runs/{name} -- --dtype auto"
+
+
+def run_search(name: str, flags: str) -> int:
+    """One search to its trials in runs/NAME (begun from results/NAME), logging to runs/NAME.log;
+    synced into results/NAME when it stops, however it stops."""
+    run, kept = ROOT / "runs" / name, tables.RESULTS / name
+    if not run.exists() and kept.is_dir():
+        shutil.copytree(kept, run)
+    run.parent.mkdir(exist_ok=True)
+    command = search_command(name, flags)
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {command} > runs/{name}.log", flush=True)
+    try:
+        with open(ROOT / "runs" / f"{name}.log", "a") as log:
+            return subprocess.run(shlex.split(command), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    finally:
+        if (run / "study.db").is_file():
+            sync(run, kept)
 
 # A search's best.txt trains the search's budget into the search's folder: the final sets these
 # itself (its epochs, seed, folder and precision), and drops the search's step cap and dev points
@@ -100,15 +207,67 @@ def plan(final: Final) -> list[str]:
     return [final.train + resume, *missing]
 
 
+def run_final(final: Final, commands: list[str], log: Path | None) -> int:
+    """A final's commands one after another (to the console, or appended to log); the first
+    failing one's exit status, else 0."""
+    for command in commands:
+        print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {command}", flush=True)
+        if log is None:
+            code = subprocess.run(shlex.split(command), cwd=ROOT).returncode
+        else:
+            with open(log, "a") as f:
+                code = subprocess.run(shlex.split(command), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        if code:
+            print(f"error: exit status {code} from: {command}", file=sys.stderr, flush=True)
+            return code
+    return 0
+
+
+def in_parallel(jobs: int, work: list) -> int:
+    """Each (function, args) of work, `jobs` at a time; 1 where any failed, else 0."""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        codes = list(pool.map(lambda w: w[0](*w[1]), work))
+    return int(any(codes))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python bench/finals.py", description=__doc__.split("\n")[0])
-    ap.add_argument("which", choices=("table4", "methods"))
+    ap.add_argument("which", choices=("searches", "sync", "table4", "methods"))
     ap.add_argument("--graph", choices=tuple(EPOCHS), help="methods: the graph (required)")
     ap.add_argument("--seeds", type=seeds_list, help="comma-separated (default: table4 42,1; methods 42,1,2)")
     ap.add_argument("--methods", type=lambda s: s.split(","), default=list(tables.METHODS),
                     help=f"methods: which (default {','.join(tables.METHODS)})")
+    ap.add_argument("--only", type=lambda s: s.split(","), help="searches, sync: these searches (default all)")
+    ap.add_argument("--runs", type=Path, default=ROOT / "runs", help="sync: the folder holding the run folders")
+    ap.add_argument("--jobs", type=int, default=1, help="searches or finals at a time (default 1)")
     ap.add_argument("--dry-run", action="store_true", help="print each final's commands, run nothing")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    every = searches()
+    unknown = [n for n in args.only or () if n not in every]
+    if unknown:
+        ap.error(f"--only: {', '.join(unknown)} is not one of {', '.join(every)}")
+    chosen = {n: f for n, f in every.items() if args.only is None or n in args.only}
+    if args.which == "sync":
+        for name in chosen:
+            if (args.runs / name / "study.db").is_file():
+                sync(args.runs / name, tables.RESULTS / name)
+                ended, _ = trials_of(tables.RESULTS / name)
+                print(f"synced {args.runs / name} -> results/{name} ({ended} trials ended)", flush=True)
+        return 0
+    if args.which == "searches":
+        work = []
+        for name, flags in chosen.items():
+            trials = int(shlex.split(flags)[shlex.split(flags).index("--trials") + 1])
+            ended, _ = trials_of(tables.RESULTS / name)
+            if ended >= trials:
+                print(f"# results/{name} holds its {trials} trials: skipped", flush=True)
+            elif args.dry_run:
+                print(search_command(name, flags), flush=True)
+            else:
+                work.append((run_search, (name, flags)))
+        return in_parallel(args.jobs, work) if work else 0
     if args.which == "table4":
         finals = table4_finals(args.seeds or list(tables.TABLE4_SEEDS))
     else:
@@ -118,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"--methods: {', '.join(unknown)} is not one of {', '.join(tables.METHODS)}")
         finals = methods_finals(args.graph, args.seeds or list(tables.SEEDS), args.methods)
+    work = []
     for final in finals:
         commands = plan(final)
         if not commands:
@@ -125,12 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.dry_run:
             print(" && ".join(commands), flush=True)
         else:
-            for command in commands:
-                print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {command}", flush=True)
-                done = subprocess.run(shlex.split(command), cwd=ROOT)
-                if done.returncode:
-                    sys.exit(f"error: exit status {done.returncode} from: {command}")
-    return 0
+            log = ROOT / f"{final.run}.log" if args.jobs > 1 else None
+            work.append((run_final, (final, commands, log)))
+    if args.jobs > 1:
+        (ROOT / "runs").mkdir(exist_ok=True)
+    return in_parallel(args.jobs, work) if work else 0
 
 
 if __name__ == "__main__":

@@ -453,6 +453,36 @@ def tuning() -> str:
                  rows)
 
 
+def finetune_lr() -> str:
+    """Whether finetuning's best dev moved once its lr could reach 1e-3: the best trial of each
+    results/tune-GRAPH-finetune-lr (its tuned settings, lr 1e-4 to 1e-3) against the first
+    search's best (lr up to 3e-4)."""
+    import optuna
+
+    from support import tune
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    said = []
+    for graph in METHOD_GRAPHS:
+        best = {}
+        for folder in (f"tune-{graph}-finetune", f"tune-{graph}-finetune-lr"):
+            if (RESULTS / folder / "study.db").is_file():
+                storage = optuna.storages.RDBStorage(f"sqlite:///{RESULTS / folder / 'study.db'}")
+                study = optuna.load_study(study_name="tune", storage=storage)
+                finished = tune.finished_trials(study)
+                if finished:
+                    best[folder] = (tune.row_of(finished[0]), len(study.trials))
+        if len(best) < 2:
+            said.append(f"On {graph.upper()}, finetuning's search with lr up to 1e-3 "
+                        f"(`tune-{graph}-finetune-lr`) has no trial trained in full yet.")
+            continue
+        (first, _), (wide, n) = best.values()
+        moved = "moved" if wide["value"] > first["value"] else "did not move"
+        said.append(f"On {graph.upper()}, finetuning's best {moved} with lr up to 1e-3: "
+                    f"{wide['value']} at lr {wide['settings']['lr']} ({n} trial{'s' * (n != 1)}) "
+                    f"against {first['value']} at lr {first['settings']['lr']}.")
+    return " ".join(said)
+
+
 # ----------------------------------------------------------------------------- the methods
 # The methods compared at equal budgets, in the table's order, and where their finals live:
 # results/methods/GRAPH-METHOD-sSEED.json, written by `evaluate.py --lp` (UMLS, all test triples)

@@ -86,3 +86,68 @@ def test_umls_methods_train_8_epochs_and_rank_once_keeping_the_ranks(results, ca
     (results / "methods" / "umls-finetune-s42.json").write_text("{}")  # done: nothing left to run
     commands, _ = planned(capsys, "methods", "--graph", "umls", "--methods", "finetune", "--seeds", "42")
     assert commands == []
+
+
+def test_every_search_is_one_support_tune_takes_and_pins_the_tuned_settings(results, capsys):
+    """Each search's command passes support.tune's own checks (its space, and train.py's checks of
+    every choice and range end) without training; prompt tuning and the probe search only their lr,
+    at PALT's tuned settings; finetuning's second search its lr up to 1e-3."""
+    tune = pytest.importorskip("support.tune")
+    pytest.importorskip("optuna")
+    commands, _ = planned(capsys, "searches")
+    assert len(commands) == 10
+    for command in commands:
+        args = tune.parse_args(shlex.split(command)[3:])
+        args.n_train = 1000
+        params = tune.search_space(args.method, args.space, args.max_epochs, args.model, args.positives)
+        tune.check_train_args(args, params)
+        tune.check_with_train(args, params, results / "check")
+        searched = {p.name for p in params if len(set(p.values)) > 1}
+        if "prompt" in command or "probe" in command or "finetune" in command:
+            assert searched == {"lr"}, command
+    prompt = next(c for c in commands if "tune-umls-prompt" in c)
+    assert "lr=0.00078" not in prompt and "head_lr=0.00205" in prompt and "negatives=1,1,1" in prompt
+    assert "lr=1e-4:1e-3" in next(c for c in commands if "tune-wn11-finetune-lr" in c)
+
+
+def test_a_search_with_its_trials_ended_is_skipped(results, capsys):
+    folder = results / "tune-wn11-probe"
+    folder.mkdir()
+    rows = "".join(f"{n}\tcomplete\n" for n in range(7)) + "7\trunning\n"
+    (folder / "trials.tsv").write_text("number\tstate\n" + rows)
+    commands, _ = planned(capsys, "searches", "--only", "tune-wn11-probe")
+    assert commands == [finals.search_command("tune-wn11-probe", finals.searches()["tune-wn11-probe"])]
+    (folder / "trials.tsv").write_text("number\tstate\n" + rows.replace("running", "pruned"))
+    commands, skipped = planned(capsys, "searches", "--only", "tune-wn11-probe")
+    assert commands == [] and skipped == ["# results/tune-wn11-probe holds its 8 trials: skipped"]
+
+
+def test_sync_copies_the_study_and_the_ended_trials_logs_only(results, tmp_path):
+    import sqlite3
+    run = tmp_path / "runs" / "tune-umls-probe"
+    for n in (0, 1):
+        (run / "trials" / str(n)).mkdir(parents=True)
+        (run / "trials" / str(n) / "log.txt").write_text(f"trial {n}\n")
+        (run / "trials" / str(n) / "state.safetensors").write_text("weights")
+    (run / "trials.tsv").write_text("number\tstate\n0\tpruned\n1\trunning\n")
+    (run / "best.txt").write_text("python train.py --lr 0.001\n")
+    with sqlite3.connect(run / "study.db") as db:
+        db.execute("create table t (x)")
+        db.execute("insert into t values (7)")
+    assert finals.main(["sync", "--runs", str(tmp_path / "runs")]) == 0
+    kept = results / "tune-umls-probe"
+    assert sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()) == [
+        "best.txt", "study.db", "trials.tsv", "trials/0/log.txt"]
+    assert sqlite3.connect(kept / "study.db").execute("select x from t").fetchall() == [(7,)]
+
+
+def test_jobs_run_side_by_side_and_a_failure_is_reported(tmp_path):
+    import threading
+    barrier = threading.Barrier(2, timeout=10)  # both must be running at once to pass it
+
+    def job(code):
+        barrier.wait()
+        return code
+    assert finals.in_parallel(2, [(job, (0,)), (job, (0,))]) == 0
+    barrier.reset()
+    assert finals.in_parallel(2, [(job, (0,)), (job, (3,))]) == 1
