@@ -9,7 +9,8 @@ searches: each search of SEARCHES (python -m support.tune) to its trials, in run
 in results/NAME: its ended trials stay, a running one trains again. A search is skipped once results/NAME holds its
 trials, ended. sync: copies each search's small state from runs/ (or DIR, a clone's runs/) into results/NAME: the
 study (by SQLite's backup, safe while it runs), trials.tsv, best.txt and the ended trials' log.txt; searches syncs
-each search as it stops. --jobs N: N searches or finals at a time, each logging to runs/NAME.log.
+each search as it stops. --jobs N: N searches or finals at a time, each logging to runs/NAME.log. Ctrl-C (SIGINT) or
+SIGTERM passes to every running command, which saves and stops (the same command goes on), and starts no other.
 
 table4: the paper's Table 4 on WN11, each variant of support/tables.py's TABLE4 for one epoch, into
 results/table4/wn11-VARIANT-sSEED.json. methods: each method at its searched settings (palt the tuned
@@ -21,7 +22,7 @@ A final whose results JSON exists is skipped; a run folder that holds a resume s
 --resume. Training takes --dtype auto, evaluation fp32. Each command is printed with the time before
 it runs; --dry-run prints one line a final (its commands joined by &&) and runs nothing.
 """
-import argparse, shlex, shutil, sqlite3, subprocess, sys, time
+import argparse, contextlib, shlex, shutil, signal, sqlite3, subprocess, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from support import recipes, tables  # noqa: E402
+
+RUNNING = set()  # the commands under way (Popen), to pass a signal on to
+STOP = []  # the signals received: no command starts after one, and each running one gets it
+
+
+def on_signal(signum, frame):
+    """SIGINT or SIGTERM: passed on to every running command (train.py and support.tune save and
+    stop), and no other starts; the searches under way are synced as they stop."""
+    STOP.append(signum)
+    for p in list(RUNNING):
+        p.send_signal(signum)
+
+
+def call(command: str, log: Path | None = None) -> int:
+    """One command, its output to the console or appended to log; its exit status (130 when a
+    signal came first)."""
+    if STOP:
+        return 130
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {command}" + (f" > {log}" if log else ""), flush=True)
+    with open(log, "a") if log else contextlib.nullcontext() as f:
+        p = subprocess.Popen(shlex.split(command), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT if f else None)
+        RUNNING.add(p)
+        try:
+            return p.wait()
+        finally:
+            RUNNING.discard(p)
 
 # ----------------------------------------------------------------------------- the searches
 # The searches behind the finals, at the budgets and dev sets of the PALT and finetuning studies
@@ -119,11 +146,8 @@ def run_search(name: str, flags: str) -> int:
     if not run.exists() and kept.is_dir():
         shutil.copytree(kept, run)
     run.parent.mkdir(exist_ok=True)
-    command = search_command(name, flags)
-    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {command} > runs/{name}.log", flush=True)
     try:
-        with open(ROOT / "runs" / f"{name}.log", "a") as log:
-            return subprocess.run(shlex.split(command), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        return call(search_command(name, flags), ROOT / "runs" / f"{name}.log")
     finally:
         if (run / "study.db").is_file():
             sync(run, kept)
@@ -211,23 +235,20 @@ def run_final(final: Final, commands: list[str], log: Path | None) -> int:
     """A final's commands one after another (to the console, or appended to log); the first
     failing one's exit status, else 0."""
     for command in commands:
-        print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {command}", flush=True)
-        if log is None:
-            code = subprocess.run(shlex.split(command), cwd=ROOT).returncode
-        else:
-            with open(log, "a") as f:
-                code = subprocess.run(shlex.split(command), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        code = call(command, log)
         if code:
-            print(f"error: exit status {code} from: {command}", file=sys.stderr, flush=True)
+            if not STOP:
+                print(f"error: exit status {code} from: {command}", file=sys.stderr, flush=True)
             return code
     return 0
 
 
 def in_parallel(jobs: int, work: list) -> int:
-    """Each (function, args) of work, `jobs` at a time; 1 where any failed, else 0."""
+    """Each (function, args) of work, `jobs` at a time; 130 where a signal stopped them, else 1
+    where any failed, else 0."""
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         codes = list(pool.map(lambda w: w[0](*w[1]), work))
-    return int(any(codes))
+    return 130 if STOP else int(any(codes))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,4 +314,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     sys.exit(main())

@@ -2,8 +2,9 @@
 
     python bench/gpu_call.py --out $OUT/rb --data-dir /tmp/data --steps train,rank    # training: < 10 minutes
     python bench/gpu_call.py --smoke --out /tmp/rb                                      # every step tiny, on CPU
+    python bench/gpu_call.py --out $OUT/rb --data-dir /tmp/data --steps methods        # the methods comparison
 
-Steps (--steps, default all, in this order, each stopped before --budget seconds of the call are spent):
+Steps (--steps, default all but methods, in this order, each stopped before --budget seconds of the call are spent):
   tests       the whole default suite with the GPU as the device of every train/evaluate test (pytest --device
               cuda), then one torchrun --nproc_per_node 1 training and ranking (NCCL): pass/fail and the summary
   speed       in at most 5 minutes: train.py's gpu-recipe step on WN18RR compiled at its batch (32) and as CUDA
@@ -24,6 +25,13 @@ Steps (--steps, default all, in this order, each stopped before --budget seconds
               continuing its committed ranks), and once ranked it is skipped (a larger --rank-limit ranks it
               further, without train.py). Each run folder comes back as --out/train-NAME.tar: untar it over
               results/gpu/NAME-gpu/ and commit it
+  methods     (only when named) the methods comparison of bench/finals.py: its searches, --jobs at a time, until
+              each holds its trials; then, if they all do, its finals (methods on UMLS, then WN11, then table4),
+              --jobs at a time; each part stopped with SIGINT at the budget (a search's study syncs into results/ as
+              it stops; a trial or final under way trains again next time), and a part that does not end stops the
+              later ones. Everything under results/ it writes (tune-*, methods/, table4/) and the runs' logs come back
+              as --out/methods.tar: untar it in the repository (tar -xf methods.tar) and commit it. Upload: GRAPHS='umls
+              WN11' WHEELS=1 bash bench/gpu_pack.sh (optuna travels as wheels)
   rank        the shipped adapters (weights/palt-NAME-minilm.safetensors) to --rank-limit seeded test triples with
               --compile, continuing the committed ranks (results/palt-NAME-minilm.state): the pairs for paired.py;
               an adapter whose committed ranks (results/palt-NAME-minilm.state and .json) hold them is skipped
@@ -47,7 +55,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_eval, bench_train, data, evaluate, palt  # noqa: E402
 from support import devices, graphs, hub  # noqa: E402
 
-STEPS = ("tests", "speed", "throughput", "train", "rank")
+STEPS = ("tests", "speed", "throughput", "train", "rank", "methods")
+DEFAULT_STEPS = ("tests", "speed", "throughput", "train", "rank")
 GRAPHS_GAIN = 1.15  # the call's training takes CUDA graphs from this speed-up on (a crash falls back: train_runs)
 
 
@@ -150,10 +159,10 @@ def throughput(args, device, left):
             "matmul_peak_tflops": {d: round(p / 1e12, 1) for d, p in peaks.items()}}
 
 
-def run_for(cmd, seconds):
+def run_for(cmd, seconds, env=None):
     """Runs cmd for at most `seconds`, then SIGINT (train.py saves the step it is on; evaluate.py its last minute's
     ranks) and a minute to exit. (returncode or None if stopped, the whole output: the caller keeps what it needs)."""
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         out, code = p.communicate(timeout=max(1, seconds))[0], p.returncode
     except subprocess.TimeoutExpired:
@@ -240,12 +249,42 @@ def rank(args, left):
     return out
 
 
+def methods(args, left):
+    """The methods comparison's searches, then its finals, in the call's budget (bench/finals.py); what they wrote
+    under results/ and the runs' logs as --out/methods.tar."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import finals
+    env = dict(os.environ, OMP_NUM_THREADS="1", PALT_DATA=args.data_dir)  # --jobs processes share 16 cores
+    parts = [["searches"], ["methods", "--graph", "umls"], ["methods", "--graph", "wn11"], ["table4"]]
+    out = []
+    for part in parts:
+        if left() < 150:  # a minute to stop, then the tar
+            out.append({"part": " ".join(part), "skipped": "no time left in the call's budget"})
+            break
+        cmd = [sys.executable, "bench/finals.py", *part, "--jobs", str(args.jobs)]
+        t = time.time()
+        code, tail = run_for(cmd, left() - 90, env=env)
+        out.append({"part": " ".join(part), "returncode": code, "wall_s": round(time.time() - t, 1),
+                    "tail": tail[-1500:]})
+        if code != 0:  # stopped at the budget, or failed: the later parts need this one's results
+            break
+    results = ROOT / "results"
+    kept = [results / name for name in finals.searches()] + [results / "methods", results / "table4"]
+    logs = [*(ROOT / "runs").glob("*.log"), *(ROOT / "runs").glob("*/log.txt")]
+    with tarfile.open(Path(args.out) / "methods.tar", "w") as tar:
+        for path in [p for p in kept if p.exists()] + logs:
+            tar.add(path, arcname=str(path.relative_to(ROOT)))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 1)[1])
     ap.add_argument("--out", required=True, help="folder for gpu_call.json and the rankings' JSONs")
     ap.add_argument("--data-dir", default=os.environ.get("PALT_DATA") or str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    ap.add_argument("--steps", default=",".join(DEFAULT_STEPS),
+                    help=f"comma-separated, of {', '.join(STEPS)} (default {','.join(DEFAULT_STEPS)})")
+    ap.add_argument("--jobs", type=int, default=10, help="methods: searches or finals at a time (its 10 searches)")
     ap.add_argument("--budget", type=float, help="seconds for the whole call (default 540: the device allows 600; "
                     "--smoke 1200: three compiles on a CPU)")
     ap.add_argument("--triples", type=int, default=65536, help="throughput: candidate triples scored per row")
@@ -272,7 +311,8 @@ def main():
         s = time.time()
         report[step] = {"tests": lambda: run_tests(args, left), "speed": lambda: speed(args, left),
                         "throughput": lambda: throughput(args, device, left),
-                        "train": lambda: train_runs(args, left), "rank": lambda: rank(args, left)}[step]()
+                        "train": lambda: train_runs(args, left), "rank": lambda: rank(args, left),
+                        "methods": lambda: methods(args, left)}[step]()
         report[f"{step}_wall_s"] = round(time.time() - s, 1)
         (Path(args.out) / "gpu_call.json").write_text(json.dumps(report, indent=1) + "\n")  # after every step
     print(json.dumps({k: v for k, v in report.items() if k != "throughput"}, indent=1))

@@ -151,3 +151,27 @@ def test_jobs_run_side_by_side_and_a_failure_is_reported(tmp_path):
     assert finals.in_parallel(2, [(job, (0,)), (job, (0,))]) == 0
     barrier.reset()
     assert finals.in_parallel(2, [(job, (0,)), (job, (3,))]) == 1
+
+
+def test_a_signal_passes_to_the_running_commands_and_starts_no_other(tmp_path, monkeypatch):
+    import signal
+    import sys
+    import threading
+    import time
+    monkeypatch.setattr(finals, "STOP", [])
+    ready, saved = tmp_path / "ready", tmp_path / "saved"
+    child = (f"import signal, sys, time, pathlib; "
+             f"signal.signal(signal.SIGINT, lambda *a: (pathlib.Path({str(saved)!r}).write_text('x'), sys.exit(0))); "
+             f"pathlib.Path({str(ready)!r}).write_text('x'); time.sleep(60)")
+    codes = []
+    worker = threading.Thread(target=lambda: codes.append(finals.call(shlex.join([sys.executable, "-c", child]))))
+    worker.start()
+    for _ in range(200):
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    finals.on_signal(signal.SIGINT, None)
+    worker.join(timeout=30)
+    assert codes == [0] and saved.exists()  # the command got the signal and stopped in its own way
+    assert finals.call("python -c 'print(1)'") == 130  # and nothing starts after it
+    assert finals.run_final(None, ["python -c 'print(1)'"], None) == 130

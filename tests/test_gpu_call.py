@@ -150,3 +150,30 @@ def test_the_call_trains_with_cuda_graphs_when_chosen_and_without_them_after_a_c
     assert flags == [("wn18rr", True, False), ("wn18rr", False, False), ("wn18rr", False, True),
                      ("fb15k-237", True, False)], flags
     assert rows[0]["returncode"] == 1 and "--no-compile" in rows[0]["command"] and rows[1]["returncode"] is None
+
+
+def test_the_methods_step_runs_the_searches_then_the_finals_and_brings_back_what_they_wrote(tmp_path, monkeypatch):
+    """Searches first; the finals only once the searches have ended (exit 0); a part stopped at the budget ends the
+    step; methods.tar holds the studies, the finals and the logs, by their paths in the repository."""
+    asked = []
+    codes = iter([0, None])  # the searches end; the UMLS finals are stopped at the budget
+    rb, args = gpu_call(tmp_path, monkeypatch, lambda cmd, seconds, env=None: asked.append(
+        (cmd[2:], seconds, env["OMP_NUM_THREADS"])) or (next(codes), "out"))
+    args.jobs = 10
+    (tmp_path / "results" / "tune-umls-lora").mkdir(parents=True)
+    (tmp_path / "results" / "tune-umls-lora" / "study.db").write_text("study")
+    (tmp_path / "results" / "methods" / "umls-palt-s42.state").mkdir(parents=True)
+    (tmp_path / "results" / "methods" / "umls-palt-s42.json").write_text("{}")
+    (tmp_path / "results" / "tune-umls-palt").mkdir()  # not one of the comparison's searches: stays behind
+    (tmp_path / "runs" / "umls-palt-s42").mkdir(parents=True)
+    (tmp_path / "runs" / "umls-palt-s42" / "log.txt").write_text("log")
+    (tmp_path / "runs" / "umls-palt-s42" / "state.safetensors").write_text("weights")
+    (tmp_path / "runs" / "tune-umls-lora.log").write_text("log")
+    rows = rb.methods(args, lambda: 600.0)
+    assert [a[0] for a in asked] == [["searches", "--jobs", "10"], ["methods", "--graph", "umls", "--jobs", "10"]]
+    assert asked[0][1] == 510 and asked[0][2] == "1"  # 90 s kept to stop and pack; one thread a process
+    assert [r["returncode"] for r in rows] == [0, None]  # WN11 and table4 not started
+    names = set(tarfile.open(tmp_path / "methods.tar").getnames())
+    assert {"results/tune-umls-lora/study.db", "results/methods/umls-palt-s42.json",
+            "results/methods/umls-palt-s42.state", "runs/tune-umls-lora.log", "runs/umls-palt-s42/log.txt"} <= names
+    assert not any("tune-umls-palt" in n or n.endswith(".safetensors") for n in names)
