@@ -70,7 +70,10 @@ def test_methods_take_the_searched_settings_at_the_finals_budget(results, capsys
     assert lora == ["python train.py --data wn11 --recipe cpu --model minilm --lr 0.000453 --batch 8 --method lora "
                     "--lora-rank 8 --epochs 1 --seed 1 --dtype auto --out runs/wn11-lora-s1",
                     "python evaluate.py --tc --ckpt runs/wn11-lora-s1 --dtype fp32 --out results/methods/wn11-lora-s1.json"]
-    assert commands[0].startswith("python train.py --data wn11 --method palt --recipe tuned --epochs 1 --seed 1")
+    palt, _ = planned(capsys, "table4", "--seeds", "1")
+    assert commands[0].split(" && ")[0] == palt[0].split(" && ")[0]  # WN11's PALT final is Table 4's run
+    assert commands[0].split(" && ")[1] == ("python evaluate.py --tc --ckpt runs/table4-palt-s1 --dtype fp32 "
+                                            "--out results/methods/wn11-palt-s1.json")
     run = train.parse_args(shlex.split(lora[0])[2:])  # train.py takes it, at the final's budget
     assert (run.method, run.epochs, run.max_steps, run.dev_every, run.seed) == ("lora", 1, None, None, 1)
 
