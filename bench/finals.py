@@ -5,7 +5,7 @@
     python bench/finals.py table4 [--seeds 42,1] [--jobs 2] [--dry-run]
     python bench/finals.py methods --graph umls|wn11 [--seeds 42,1,2] [--methods palt,finetune] [--jobs 2] [--dry-run]
 
-searches: each search of SEARCHES (python -m support.tune) to its trials, in runs/NAME, begun from the study committed
+searches: each search of searches() (python -m support.tune) to its trials, in runs/NAME, begun from the study committed
 in results/NAME: its ended trials stay, a running one trains again. A search is skipped once results/NAME holds its
 trials, ended. sync: copies each search's small state from runs/ (or DIR, a clone's runs/) into results/NAME: the
 study (by SQLite's backup, safe while it runs), trials.tsv, best.txt and the ended trials' log.txt; searches syncs
@@ -14,9 +14,11 @@ SIGTERM passes to every running command, which saves and stops (the same command
 
 table4: the paper's Table 4 on WN11, each variant of support/tables.py's TABLE4 for one epoch, into
 results/table4/wn11-VARIANT-sSEED.json. methods: each method at its searched settings (palt the tuned
-recipe, finetune tuned-finetune, the others their search's results/tune-GRAPH-METHOD/best.txt) into
-results/methods/: UMLS 8 epochs, ranked on every test triple with --keep-ranks (the ranks stay for the
-paired gaps); WN11 one epoch, classified with --tc.
+recipe; finetune tuned-finetune, or its second search's best where that beats the first's; the others
+their search's results/tune-GRAPH-METHOD/best.txt) into results/methods/: UMLS 8 epochs, ranked on every
+test triple with --keep-ranks (the ranks stay for the paired gaps); WN11 one epoch, classified with --tc.
+A final waits, refused in one line, until the search it takes its settings from holds its trials, ended.
+WN11's PALT and finetuning finals at their recipes evaluate Table 4's runs of the same seeds.
 
 A final whose results JSON exists is skipped; a run folder that holds a resume state continues with
 --resume. Training takes --dtype auto, evaluation fp32. Each command is printed with the time before
@@ -189,12 +191,41 @@ def table4_finals(seeds: list[int]) -> list[Final]:
 def searched(graph: str, method: str) -> str:
     """The train.py flags of a method's searched settings, less those of the search's budget; a
     method without a finished search stops the command in one line."""
+    if method == "finetune":
+        return finetune_flags(graph)
     if method in RECIPES:
         return RECIPES[method]
-    best = tables.RESULTS / f"tune-{graph}-{method}" / "best.txt"
-    if not best.is_file():
-        sys.exit(f"error: results/{best.relative_to(tables.RESULTS)} does not exist yet (no trial of the {method} "
-                 f"search on {graph} has finished); --methods names the methods to run without it")
+    return best_flags(graph, method)
+
+
+def best_value(folder: Path) -> float:
+    """The best dev figure among a search's trials that trained in full (trials.tsv)."""
+    rows = [line.split("\t") for line in (folder / "trials.tsv").read_text().splitlines()[1:]]
+    return max(float(r[2]) for r in rows if r[1] == "complete" and r[2])
+
+
+def finetune_flags(graph: str) -> str:
+    """Finetuning's final: its tuned recipe, or the best of its second search (lr up to 1e-3)
+    where that beats the first search's best; refused in one line until that search holds its
+    trials."""
+    wide = best_flags(graph, "finetune-lr", final="finetune")
+    name = f"tune-{graph}-finetune"
+    if best_value(tables.RESULTS / f"{name}-lr") > best_value(tables.RESULTS / name):
+        return wide
+    return RECIPES["finetune"]
+
+
+def best_flags(graph: str, method: str, final: str | None = None) -> str:
+    """The flags of results/tune-GRAPH-METHOD/best.txt, less the search's budget; refused in one
+    line until the search holds its trials, ended."""
+    name = f"tune-{graph}-{method}"
+    command = shlex.split(searches()[name])
+    need = int(command[command.index("--trials") + 1])
+    ended, _ = trials_of(tables.RESULTS / name)
+    best = tables.RESULTS / name / "best.txt"
+    if ended < need or not best.is_file():
+        sys.exit(f"error: results/{name} holds {ended} of its {need} trials, ended: the {final or method} final on "
+                 f"{graph} waits for it; --methods names the methods to run without it")
     words, kept = shlex.split(best.read_text())[2:], []  # after `python train.py`
     while words:
         word = words.pop(0)
@@ -217,7 +248,7 @@ def methods_finals(graph: str, seeds: list[int], methods: list[str]) -> list[Fin
             folder = f"results/{tables.METHODS_FOLDER}"
             train = (f"python train.py --data {graph} {flags[method]} --epochs {EPOCHS[graph]} --seed {seed} "
                      f"--dtype auto --out {run}")
-            if graph == "wn11" and method in TABLE4_SHARED:  # one run serves both tables
+            if graph == "wn11" and method in TABLE4_SHARED and flags[method] == RECIPES[method]:  # one run, both
                 words = dict(flags=tables.TABLE4[method][1], seed=seed, variant=method)
                 run, train = f"runs/table4-{method}-s{seed}", tables.TABLE4_TRAIN.format(**words)
             task = "--lp --keep-ranks" if graph == "umls" else "--tc"  # the paired gaps read the ranks

@@ -51,17 +51,45 @@ def test_a_final_whose_json_exists_is_skipped_and_a_run_with_a_state_resumes(res
     assert sum("--resume" in c for c in commands) == 1
 
 
-def test_methods_refuse_in_one_line_while_a_search_has_no_best_trial(results):
+def ended_search(results, name, values):
+    """results/NAME with a trials.tsv of these values, every trial complete, and a best.txt."""
+    (results / name).mkdir()
+    rows = "".join(f"{n}\tcomplete\t{v}\n" for n, v in enumerate(values))
+    (results / name / "trials.tsv").write_text("number\tstate\tvalue\n" + rows)
+    (results / name / "best.txt").write_text(f"python train.py --data umls --lr 0.0006 --seed 42 --out runs/{name}/best\n")
+
+
+def refusal(*argv):
     with pytest.raises(SystemExit) as stop:
-        finals.main(["methods", "--graph", "umls", "--dry-run"])
+        finals.main([*argv, "--dry-run"])
     said = str(stop.value)
-    assert "\n" not in said and said.startswith("error: results/tune-umls-lora/best.txt does not exist yet")
+    assert "\n" not in said and said.startswith("error: ")
+    return said
+
+
+def test_a_final_waits_in_one_line_for_its_search_to_hold_its_trials(results):
+    assert "results/tune-umls-lora holds 0 of its 30 trials, ended: the lora final on umls waits for it" in refusal(
+        "methods", "--graph", "umls", "--methods", "lora")
+    ended_search(results, "tune-umls-lora", [.5] * 29)
+    assert "holds 29 of its 30 trials" in refusal("methods", "--graph", "umls", "--methods", "lora")
+
+
+def test_finetuning_takes_its_second_searchs_best_only_where_that_beats_the_first(results, capsys):
+    said = refusal("methods", "--graph", "umls", "--methods", "finetune")
+    assert "results/tune-umls-finetune-lr holds 0 of its 10 trials, ended: the finetune final on umls waits" in said
+    ended_search(results, "tune-umls-finetune", [.84, .70])
+    ended_search(results, "tune-umls-finetune-lr", [.80] * 10)
+    commands, _ = planned(capsys, "methods", "--graph", "umls", "--methods", "finetune", "--seeds", "42")
+    assert "--method finetune --recipe tuned-finetune --epochs 8" in commands[0]  # the first search's best stands
+    (results / "tune-umls-finetune-lr" / "trials.tsv").write_text("number\tstate\tvalue\n0\tcomplete\t0.85\n"
+                                                                  + "".join(f"{n}\tpruned\t\n" for n in range(1, 10)))
+    commands, _ = planned(capsys, "methods", "--graph", "umls", "--methods", "finetune", "--seeds", "42")
+    assert commands[0].startswith("python train.py --data umls --lr 0.0006 --epochs 8 --seed 42")  # the second's
 
 
 def test_methods_take_the_searched_settings_at_the_finals_budget(results, capsys):
-    search = results / "tune-wn11-lora"
-    search.mkdir()
-    (search / "best.txt").write_text(
+    ended_search(results, "tune-wn11-lora", [.8] * 20)
+    (results / "tune-wn11-lora" / "best.txt").write_text(
         "python train.py --data wn11 --recipe cpu --model minilm --epochs 1 --max-steps 1600 --lr 0.000453 --batch 8 "
         "--method lora --lora-rank 8 --dev-every 400 --dtype fp32 --seed 42 --out runs/tune-wn11-lora/best\n")
     commands, _ = planned(capsys, "methods", "--graph", "wn11", "--seeds", "1", "--methods", "palt,lora")
@@ -79,6 +107,8 @@ def test_methods_take_the_searched_settings_at_the_finals_budget(results, capsys
 
 
 def test_umls_methods_train_8_epochs_and_rank_once_keeping_the_ranks(results, capsys):
+    ended_search(results, "tune-umls-finetune", [.84])
+    ended_search(results, "tune-umls-finetune-lr", [.80] * 10)
     commands, _ = planned(capsys, "methods", "--graph", "umls", "--methods", "finetune")
     assert len(commands) == 3  # seeds 42, 1, 2
     trained, full = commands[0].split(" && ")
