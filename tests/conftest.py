@@ -22,6 +22,23 @@ def hf_name(ours):
     raise KeyError(ours)
 
 
+
+def signal_at_step(monkeypatch, n, signal="SIGTERM"):
+    """train.train_step wrapped so that `signal` arrives while its call n runs, as from Ctrl-C or a kill
+    (runlog.STOP cleared first); the list of calls made, one item a step."""
+    import train
+    from support import runlog
+    real, calls = train.train_step, []
+
+    def step(*a, **k):
+        calls.append(1)
+        if len(calls) == n:
+            runlog.STOP.append(signal)
+        return real(*a, **k)
+    monkeypatch.setattr(train, "train_step", step)
+    monkeypatch.setattr(runlog, "STOP", [])
+    return calls
+
 def make_bert_dir(path, words, nsp=True, hidden=32, layers=2, heads=2, dropout=0.0, seed=0):
     """A random small BERT saved like transformers does (config.json, model.safetensors, vocab.txt)."""
     path.mkdir(parents=True, exist_ok=True)

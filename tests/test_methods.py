@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import train
-from conftest import make_bert_dir, write_tiny_kg
+from conftest import make_bert_dir, signal_at_step, write_tiny_kg
 from palt import METHODS, PALT, PaltConfig, param_report, score
 from support.errors import ConfigError
 from support import checkpoints, runlog
@@ -125,15 +125,7 @@ def test_train_py_trains_resumes_and_loads_back_each_method(setup, tmp_path, met
     holds the trainable tensors only and loads back from Python to the same scores."""
     argv = lambda out, *extra: train.parse_args(cli(setup, out, "--epochs", "2", "--method", method, *extra))
     straight = train.main(argv(tmp_path / "straight"))
-    real, calls = train.train_step, []
-
-    def signalled_at_step_7(*a, **k):
-        calls.append(1)
-        if len(calls) == 7:
-            runlog.STOP.append("SIGTERM")
-        return real(*a, **k)
-    monkeypatch.setattr(train, "train_step", signalled_at_step_7)
-    monkeypatch.setattr(runlog, "STOP", [])
+    signal_at_step(monkeypatch, 7)
     train.main(argv(tmp_path / "run"))
     monkeypatch.setattr(runlog, "STOP", [])
     model = train.main(argv(tmp_path / "run", "--resume"))

@@ -11,7 +11,7 @@ from support import checkpoints, devices, evalcli, flags, graphs, runlog
 from support.files import OutputError
 from support.flags import FlagError
 from support.hub import load_bert
-from conftest import make_bert_dir, write_tiny_kg
+from conftest import make_bert_dir, signal_at_step, write_tiny_kg
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -335,15 +335,7 @@ def test_a_signal_ends_the_run_after_the_step_under_way_and_resume_reaches_the_s
     state are saved, the run ends; --resume then trains to what an uninterrupted run gives."""
     pinned = ("--epochs", "3", "--dtype", "fp32")
     straight = train.main(train.parse_args(args(setup, tmp_path / "straight", *pinned)))
-    real, calls = train.train_step, []
-
-    def signalled_at_step_13(*a, **k):  # as if SIGTERM arrived while step 13 (in epoch 2) ran
-        calls.append(1)
-        if len(calls) == 13:
-            runlog.STOP.append("SIGTERM")
-        return real(*a, **k)
-    monkeypatch.setattr(train, "train_step", signalled_at_step_13)
-    monkeypatch.setattr(runlog, "STOP", [])
+    calls = signal_at_step(monkeypatch, 13)  # as if SIGTERM arrived while step 13 (in epoch 2) ran
     train.main(train.parse_args(args(setup, tmp_path / "stopped", *pinned)))
     log = (tmp_path / "stopped" / "log.txt").read_text()
     assert re.search(rf"stopped at step 13 \(SIGTERM; \d+\.\d min of steps\): {re.escape(str(tmp_path / 'stopped'))}/ckpt", log) and len(calls) == 13
