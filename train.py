@@ -258,7 +258,7 @@ def build(run: flags.Run, dtype: str, device: torch.device) -> tuple:
                 prompts=list(run.prompts), max_seq_length=run.max_seq_length, dtype=dtype,
                 palt=palt_meta(model), run=json.dumps(record), tunable=report["tunable"],
                 total=report["total"], negative_filter="train",  # corruptions redrawn when in train
-                search=search_of(run.recipe, run.data))  # the search behind the recipe, if any
+                search=run.search or search_of(run.recipe, run.data))  # the search behind them
     model.to(device)
     hold_frozen_linears(model, dtype)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}

@@ -198,10 +198,17 @@ def searched(graph: str, method: str) -> str:
     return best_flags(graph, method)
 
 
-def best_value(folder: Path) -> float:
-    """The best dev figure among a search's trials that trained in full (trials.tsv)."""
+def best_trial(folder: Path) -> tuple[int, float]:
+    """(number, dev figure) of a search's best trial, as its best.txt trains it: the highest figure
+    among the trials that trained in full (trials.tsv), the first such on a tie."""
     rows = [line.split("\t") for line in (folder / "trials.tsv").read_text().splitlines()[1:]]
-    return max(float(r[2]) for r in rows if r[1] == "complete" and r[2])
+    done = [(-float(r[2]), int(r[0])) for r in rows if r[1] == "complete" and r[2]]
+    value, number = min(done)
+    return number, -value
+
+
+def best_value(folder: Path) -> float:
+    return best_trial(folder)[1]
 
 
 def finetune_flags(graph: str) -> str:
@@ -233,7 +240,8 @@ def best_flags(graph: str, method: str, final: str | None = None) -> str:
             words.pop(0)  # its value
         else:
             kept.append(word)
-    return shlex.join(kept)
+    number, _ = best_trial(tables.RESULTS / name)
+    return shlex.join(kept + ["--search", f"results/{name} trial {number}"])  # kept in the checkpoint
 
 
 def methods_finals(graph: str, seeds: list[int], methods: list[str]) -> list[Final]:

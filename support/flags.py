@@ -143,6 +143,8 @@ class Run:
     resume: bool = setting(False, "continue the run in --out from its last saved state")
     tensorboard: bool = setting(False, "also write TensorBoard event files in --out (the "
                                 "tensorboard package: pip install tensorboard)")
+    search: str | None = setting(None, "the search and trial that chose these settings, kept in "
+                                 "the checkpoint (default: the recipe's, if any)")
 
 
 def recorded(run):
@@ -150,6 +152,7 @@ def recorded(run):
     named by files.project_path, so that no record depends on where the command ran."""
     d = asdict(run)
     del d["tensorboard"]  # how a run is watched, not what it trains: no checkpoint records it
+    del d["search"]  # where the settings came from: the checkpoint's own key, search
     for k in ("out", "data_dir"):
         if d[k]:
             d[k] = project_path(d[k])

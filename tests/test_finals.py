@@ -84,11 +84,12 @@ def test_finetuning_takes_its_second_searchs_best_only_where_that_beats_the_firs
     (results / "tune-umls-finetune-lr" / "trials.tsv").write_text("number\tstate\tvalue\n0\tcomplete\t0.85\n"
                                                                   + "".join(f"{n}\tpruned\t\n" for n in range(1, 10)))
     commands, _ = planned(capsys, "methods", "--graph", "umls", "--methods", "finetune", "--seeds", "42")
-    assert commands[0].startswith("python train.py --data umls --lr 0.0006 --epochs 8 --seed 42")  # the second's
+    assert commands[0].startswith("python train.py --data umls --lr 0.0006 --search 'results/tune-umls-finetune-lr "
+                                  "trial 0' --epochs 8 --seed 42")  # the second search's best, which names it
 
 
 def test_methods_take_the_searched_settings_at_the_finals_budget(results, capsys):
-    ended_search(results, "tune-wn11-lora", [.8] * 20)
+    ended_search(results, "tune-wn11-lora", [.8, .7, .7, .81, .81] + [.6] * 15)  # the best: trial 3
     (results / "tune-wn11-lora" / "best.txt").write_text(
         "python train.py --data wn11 --recipe cpu --model minilm --epochs 1 --max-steps 1600 --lr 0.000453 --batch 8 "
         "--method lora --lora-rank 8 --dev-every 400 --dtype fp32 --seed 42 --out runs/tune-wn11-lora/best\n")
@@ -96,7 +97,8 @@ def test_methods_take_the_searched_settings_at_the_finals_budget(results, capsys
     assert len(commands) == 2
     lora = commands[1].split(" && ")
     assert lora == ["python train.py --data wn11 --recipe cpu --model minilm --lr 0.000453 --batch 8 --method lora "
-                    "--lora-rank 8 --epochs 1 --seed 1 --dtype auto --out runs/wn11-lora-s1",
+                    "--lora-rank 8 --search 'results/tune-wn11-lora trial 3' --epochs 1 --seed 1 --dtype auto "
+                    "--out runs/wn11-lora-s1",
                     "python evaluate.py --tc --ckpt runs/wn11-lora-s1 --dtype fp32 --out results/methods/wn11-lora-s1.json"]
     palt, _ = planned(capsys, "table4", "--seeds", "1")
     assert commands[0].split(" && ")[0] == palt[0].split(" && ")[0]  # WN11's PALT final is Table 4's run

@@ -10,7 +10,7 @@ import train
 from conftest import make_bert_dir, signal_at_step, write_tiny_kg
 from palt import METHODS, PALT, PaltConfig, param_report, score
 from support.errors import ConfigError
-from support import checkpoints, runlog
+from support import checkpoints, evalcli, runlog
 from support.hub import load_bert
 from test_palt import batch
 
@@ -201,3 +201,10 @@ def test_finetuning_takes_its_own_tuned_recipe_and_a_checkpoint_names_the_search
     assert meta["search"] == "results/tune-umls-finetune trial 12"
     train.main(train.parse_args(cli(setup, tmp_path / "cpu", "--epochs", "1", "--recipe", "cpu")))
     assert checkpoints.load_checkpoint(tmp_path / "cpu" / "ckpt.safetensors")[1]["search"] is None
+    # a search's best trial trained again at another budget says so itself; the run's record leaves it out
+    said = "results/tune-umls-lora trial 7"
+    train.main(train.parse_args(cli(setup, tmp_path / "lora", "--epochs", "1", "--recipe", "cpu", "--method", "lora",
+                                    "--search", said)))
+    _, meta, _ = checkpoints.load_checkpoint(tmp_path / "lora" / "ckpt.safetensors")
+    assert meta["search"] == said and "search" not in json.loads(meta["run"])
+    assert evalcli.train_summary(meta)["search"] == said
