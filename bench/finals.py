@@ -71,7 +71,7 @@ WIDE_LR = "1e-4:3e-2"  # prompts and heads alone: prompt tuning's lr runs high (
 FINETUNE_LR = "1e-4:1e-3"  # its first searches stopped at 3e-4, their best trials near the top
 
 
-def pins(graph: str, recipe: dict, names: tuple[str, ...]) -> str:
+def pins(recipe: dict, names: tuple[str, ...]) -> str:
     """--space items fixing `names` at a recipe's values, as support.tune spells them."""
     out = []
     for name in names:
@@ -99,22 +99,32 @@ def searches() -> dict[str, str]:
         for method in ("lora", "bitfit"):
             out[f"tune-{graph}-{method}"] = (f"{base} --method {method} --trials {TRIALS[graph]} "
                                              "--try-recipe")
-        space = pins(graph, palt, common + ("head_lr",))
+        space = pins(palt, common + ("head_lr",))
         out[f"tune-{graph}-prompt"] = (f"{base} --method prompt --trials 8 "
                                        f"--space '{space},prompts=10,10,10,lr={WIDE_LR}'")
-        space = pins(graph, palt, common)
+        space = pins(palt, common)
         out[f"tune-{graph}-probe"] = f"{base} --method probe --trials 8 --space '{space},lr={WIDE_LR}'"
-        space = pins(graph, ft, common)
+        space = pins(ft, common)
         out[f"tune-{graph}-finetune-lr"] = (f"{base} --method finetune --trials 10 "
                                             f"--space '{space},lr={FINETUNE_LR}'")
     return out
 
 
+def wanted(name: str) -> int:
+    """The trials a search of searches() runs to."""
+    words = shlex.split(searches()[name])
+    return int(words[words.index("--trials") + 1])
+
+
+def rows_of(folder: Path) -> list[list[str]]:
+    """A search's trials.tsv, a list of cells a trial (number, state, value, ...); [] without one."""
+    table = folder / "trials.tsv"
+    return [line.split("\t") for line in table.read_text().splitlines()[1:]] if table.is_file() else []
+
+
 def trials_of(folder: Path) -> tuple[int, int]:
-    """(ended, all) trials of a search's trials.tsv; (0, 0) where it has none."""
-    if not (folder / "trials.tsv").is_file():
-        return 0, 0
-    rows = [line.split("\t") for line in (folder / "trials.tsv").read_text().splitlines()[1:]]
+    """(ended, all) trials of a search."""
+    rows = rows_of(folder)
     return sum(r[1] != "running" for r in rows), len(rows)
 
 
@@ -128,9 +138,7 @@ def sync(src: Path, dst: Path) -> None:
     for name in ("trials.tsv", "best.txt"):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
-    rows = [line.split("\t") for line in (src / "trials.tsv").read_text().splitlines()[1:]] \
-        if (src / "trials.tsv").is_file() else []
-    for number in (r[0] for r in rows if r[1] != "running"):
+    for number in (r[0] for r in rows_of(src) if r[1] != "running"):
         log = src / "trials" / number / "log.txt"
         if log.is_file():
             (dst / "trials" / number).mkdir(parents=True, exist_ok=True)
@@ -201,8 +209,7 @@ def searched(graph: str, method: str) -> str:
 def best_trial(folder: Path) -> tuple[int, float]:
     """(number, dev figure) of a search's best trial, as its best.txt trains it: the highest figure
     among the trials that trained in full (trials.tsv), the first such on a tie."""
-    rows = [line.split("\t") for line in (folder / "trials.tsv").read_text().splitlines()[1:]]
-    done = [(-float(r[2]), int(r[0])) for r in rows if r[1] == "complete" and r[2]]
+    done = [(-float(r[2]), int(r[0])) for r in rows_of(folder) if r[1] == "complete" and r[2]]
     value, number = min(done)
     return number, -value
 
@@ -226,9 +233,7 @@ def best_flags(graph: str, method: str, final: str | None = None) -> str:
     """The flags of results/tune-GRAPH-METHOD/best.txt, less the search's budget; refused in one
     line until the search holds its trials, ended."""
     name = f"tune-{graph}-{method}"
-    command = shlex.split(searches()[name])
-    need = int(command[command.index("--trials") + 1])
-    ended, _ = trials_of(tables.RESULTS / name)
+    need, (ended, _) = wanted(name), trials_of(tables.RESULTS / name)
     best = tables.RESULTS / name / "best.txt"
     if ended < need or not best.is_file():
         sys.exit(f"error: results/{name} holds {ended} of its {need} trials, ended: the {final or method} final on "
@@ -325,8 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "searches":
         work = []
         for name, flags in chosen.items():
-            trials = int(shlex.split(flags)[shlex.split(flags).index("--trials") + 1])
-            ended, _ = trials_of(tables.RESULTS / name)
+            trials, (ended, _) = wanted(name), trials_of(tables.RESULTS / name)
             if ended >= trials:
                 print(f"# results/{name} holds its {trials} trials: skipped", flush=True)
             elif args.dry_run:

@@ -162,15 +162,19 @@ def budget(name: str) -> str:
     return f"{t['epochs']} epoch{'s' if int(t['epochs']) > 1 else ''}, {said} positives"
 
 
+def study_at(folder: str):
+    """The Optuna study of results/FOLDER (support.tune's study.db), read quietly."""
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{(RESULTS / folder / 'study.db').resolve()}")
+    return optuna.load_study(study_name="tune", storage=storage)
+
+
 @functools.cache
 def search_counts(folder: str) -> tuple[int, str]:
     """(trials, '16 complete, 14 pruned') of results/FOLDER's study, by support/tune.py's rule."""
-    import optuna
-
     from support import tune
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{(RESULTS / folder / 'study.db').resolve()}")
-    trials = optuna.load_study(study_name="tune", storage=storage).get_trials(deepcopy=False)
+    trials = study_at(folder).get_trials(deepcopy=False)
     return len(trials), tune.counts_text(trials)
 
 
@@ -420,8 +424,6 @@ def tuning() -> str:
     the hours of its trials and the machines they ran on, and its best trial (the one best.txt
     trains) with its dev figure and settings, as the study holds them. Each search's top trials
     and importances: `python -m support.tune --report --top 3 --out results/tune-GRAPH-METHOD`."""
-    import optuna
-
     from support import tune
     methods = ("palt", "finetune", "lora", "bitfit", "prompt", "probe")  # then any other search
 
@@ -429,12 +431,10 @@ def tuning() -> str:
         _, graph, method = folder.split("-", 2)
         return graph, methods.index(method) if method in methods else len(methods), method
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows = []
     found = [p.name for p in RESULTS.glob("tune-*-*") if (p / "study.db").is_file()]
     for folder in sorted(found, key=place):
-        storage = optuna.storages.RDBStorage(f"sqlite:///{(RESULTS / folder / 'study.db')}")
-        study = optuna.load_study(study_name="tune", storage=storage)
+        study = study_at(folder)
         trials = study.get_trials(deepcopy=False)
         hours = sum(t.user_attrs.get("wall_s", 0) for t in trials) / 3600
         machines = sorted({m for t in trials for m in t.user_attrs.get("machines", [])})
@@ -457,17 +457,13 @@ def finetune_lr() -> str:
     """Whether finetuning's best dev moved once its lr could reach 1e-3: the best trial of each
     results/tune-GRAPH-finetune-lr (its tuned settings, lr 1e-4 to 1e-3) against the first
     search's best (lr up to 3e-4)."""
-    import optuna
-
     from support import tune
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     said = []
     for graph in METHOD_GRAPHS:
         best = {}
         for folder in (f"tune-{graph}-finetune", f"tune-{graph}-finetune-lr"):
             if (RESULTS / folder / "study.db").is_file():
-                storage = optuna.storages.RDBStorage(f"sqlite:///{RESULTS / folder / 'study.db'}")
-                study = optuna.load_study(study_name="tune", storage=storage)
+                study = study_at(folder)
                 finished = tune.finished_trials(study)
                 if finished:
                     best[folder] = (tune.row_of(finished[0]), len(study.trials))
