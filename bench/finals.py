@@ -7,15 +7,16 @@
 
 searches: each search of searches() (python -m support.tune) to its trials, in runs/NAME, begun from the study committed
 in results/NAME: its ended trials stay, a running one trains again. A search is skipped once results/NAME holds its
-trials, ended. sync: copies each search's small state from runs/ (or DIR, a clone's runs/) into results/NAME: the
+trials, ended. A LoRA or BitFit search whose best lr ends in the top tenth of its range is followed by a second,
+NAME-lr, of its lr alone (where --only is given, it names that too). sync: copies each search's small state from runs/ (or DIR, a clone's runs/) into results/NAME: the
 study (by SQLite's backup, safe while it runs), trials.tsv, best.txt and the ended trials' log.txt; searches syncs
 each search as it stops. --jobs N: N searches or finals at a time, each logging to runs/NAME.log. Ctrl-C (SIGINT) or
 SIGTERM passes to every running command, which saves and stops (the same command goes on), and starts no other.
 
 table4: the paper's Table 4 on WN11, each variant of support/tables.py's TABLE4 for one epoch, into
 results/table4/wn11-VARIANT-sSEED.json. methods: each method at its searched settings (palt the tuned
-recipe; finetune tuned-finetune, or its second search's best where that beats the first's; the others
-their search's results/tune-GRAPH-METHOD/best.txt) into results/methods/: UMLS 8 epochs, ranked on every
+recipe; finetune tuned-finetune; the others their search's results/tune-GRAPH-METHOD/best.txt; or the
+second search's best, where there is one and it beats the first's) into results/methods/: UMLS 8 epochs, ranked on every
 test triple with --keep-ranks (the ranks stay for the paired gaps); WN11 one epoch, classified with --tc.
 A final waits, refused in one line, until the search it takes its settings from holds its trials, ended.
 WN11's PALT and finetuning finals at their recipes evaluate Table 4's runs of the same seeds.
@@ -64,11 +65,13 @@ def call(command: str, log: Path | None = None) -> int:
 # (results/tune-GRAPH-palt, -finetune): on UMLS at most 4 epochs a trial, 200 dev triples; on WN11
 # 12,800 positives a trial. LoRA and BitFit search like PALT and finetuning (as many trials, the cpu
 # recipe as one trial). Prompt tuning and the probe take PALT's tuned settings and search their lr;
-# finetuning's second search takes its tuned settings and its lr up to 1e-3.
+# finetuning's second search takes its tuned settings and its lr up to 1e-3, and so does a LoRA or
+# BitFit search's where its best lr lies in the top tenth of its range (support/tables.py, EDGE).
 BUDGET = {"umls": "--recipe cpu --max-epochs 4 --dev-limit 200", "wn11": "--recipe cpu --positives 12800"}
 TRIALS = {"umls": 30, "wn11": 20}  # the PALT and finetuning studies'
 WIDE_LR = "1e-4:3e-2"  # prompts and heads alone: prompt tuning's lr runs high (Lester et al. 2021)
 FINETUNE_LR = "1e-4:1e-3"  # its first searches stopped at 3e-4, their best trials near the top
+SECOND_TRIALS = 10  # a second search of the lr alone, finetuning's or another's
 
 
 def pins(recipe: dict, names: tuple[str, ...]) -> str:
@@ -96,18 +99,40 @@ def searches() -> dict[str, str]:
         common = COMMON + (("epochs",) if graph == "umls" else ())
         palt, ft = recipes.TUNED[graph], recipes.TUNED_FINETUNE[graph]
         base = f"--data {graph} {BUDGET[graph]}"
-        for method in ("lora", "bitfit"):
+        for method in tables.SECOND_SEARCHES:
             out[f"tune-{graph}-{method}"] = (f"{base} --method {method} --trials {TRIALS[graph]} "
                                              "--try-recipe")
+            second = second_search(graph, method)
+            if second:
+                out[f"tune-{graph}-{method}-lr"] = f"{base} --method {method} {second}"
         space = pins(palt, common + ("head_lr",))
         out[f"tune-{graph}-prompt"] = (f"{base} --method prompt --trials 8 "
                                        f"--space '{space},prompts=10,10,10,lr={WIDE_LR}'")
         space = pins(palt, common)
         out[f"tune-{graph}-probe"] = f"{base} --method probe --trials 8 --space '{space},lr={WIDE_LR}'"
         space = pins(ft, common)
-        out[f"tune-{graph}-finetune-lr"] = (f"{base} --method finetune --trials 10 "
+        out[f"tune-{graph}-finetune-lr"] = (f"{base} --method finetune --trials {SECOND_TRIALS} "
                                             f"--space '{space},lr={FINETUNE_LR}'")
     return out
+
+
+def second_search(graph: str, method: str) -> str | None:
+    """The flags of a second search of a method's lr: its first search's best settings, the lr
+    from a third of that search's top to ten times it; None until the first holds its trials,
+    ended, and where its best lr lies below the top tenth of its range."""
+    name = f"tune-{graph}-{method}"
+    if trials_of(tables.RESULTS / name)[0] < TRIALS[graph]:
+        return None
+    best = tables.best_lr(name)
+    if best is None or best.place < tables.EDGE:
+        return None
+    space = ",".join(f"{k}={v}" for k, v in best.settings.items() if k != "lr")
+    return f"--trials {SECOND_TRIALS} --space '{space},lr={best.high / 3:g}:{best.high * 10:g}'"
+
+
+def follow_up(name: str) -> str:
+    """The name of a search's second search, where it has one."""
+    return f"{name}-lr"
 
 
 def wanted(name: str) -> int:
@@ -116,16 +141,19 @@ def wanted(name: str) -> int:
     return int(words[words.index("--trials") + 1])
 
 
-def rows_of(folder: Path) -> list[list[str]]:
-    """A search's trials.tsv, a list of cells a trial (number, state, value, ...); [] without one."""
+def rows_of(folder: Path) -> list[dict[str, str]]:
+    """A search's trials.tsv, a row a trial by column (number, state, value, ...); [] without one."""
     table = folder / "trials.tsv"
-    return [line.split("\t") for line in table.read_text().splitlines()[1:]] if table.is_file() else []
+    if not table.is_file():
+        return []
+    header, *lines = table.read_text().splitlines()
+    return [dict(zip(header.split("\t"), line.split("\t"))) for line in lines]
 
 
 def trials_of(folder: Path) -> tuple[int, int]:
     """(ended, all) trials of a search."""
     rows = rows_of(folder)
-    return sum(r[1] != "running" for r in rows), len(rows)
+    return sum(r["state"] != "running" for r in rows), len(rows)
 
 
 def sync(src: Path, dst: Path) -> None:
@@ -138,7 +166,7 @@ def sync(src: Path, dst: Path) -> None:
     for name in ("trials.tsv", "best.txt"):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
-    for number in (r[0] for r in rows_of(src) if r[1] != "running"):
+    for number in (r["number"] for r in rows_of(src) if r["state"] != "running"):
         log = src / "trials" / number / "log.txt"
         if log.is_file():
             (dst / "trials" / number).mkdir(parents=True, exist_ok=True)
@@ -161,6 +189,18 @@ def run_search(name: str, flags: str) -> int:
     finally:
         if (run / "study.db").is_file():
             sync(run, kept)
+
+def run_chain(name: str, only: list[str] | None) -> int:
+    """A search, then its second search where its best calls for one (and --only, where given,
+    names that too)."""
+    code = run_search(name, searches()[name])
+    second = follow_up(name)
+    if code or STOP or (only is not None and second not in only):
+        return code
+    flags = searches().get(second)
+    if flags is None or trials_of(tables.RESULTS / second)[0] >= wanted(second):
+        return code
+    return run_search(second, flags)
 
 # A search's best.txt trains the search's budget into the search's folder: the final sets these
 # itself (its epochs, seed, folder and precision), and drops the search's step cap and dev points
@@ -197,36 +237,30 @@ def table4_finals(seeds: list[int]) -> list[Final]:
 
 
 def searched(graph: str, method: str) -> str:
-    """The train.py flags of a method's searched settings, less those of the search's budget; a
-    method without a finished search stops the command in one line."""
-    if method == "finetune":
-        return finetune_flags(graph)
-    if method in RECIPES:
-        return RECIPES[method]
-    return best_flags(graph, method)
+    """The train.py flags of a method's searched settings, less those of the search's budget: its
+    recipe (PALT's, finetuning's) or its search's best, or its second search's best where that
+    beats the first's; a method without a finished search stops the command in one line."""
+    first = RECIPES[method] if method in RECIPES else best_flags(graph, method)
+    name = f"tune-{graph}-{method}"
+    if follow_up(name) not in searches():
+        return first
+    wide = best_flags(graph, f"{method}-lr", final=method)
+    if best_value(tables.RESULTS / follow_up(name)) > best_value(tables.RESULTS / name):
+        return wide
+    return first
 
 
 def best_trial(folder: Path) -> tuple[int, float]:
     """(number, dev figure) of a search's best trial, as its best.txt trains it: the highest figure
     among the trials that trained in full (trials.tsv), the first such on a tie."""
-    done = [(-float(r[2]), int(r[0])) for r in rows_of(folder) if r[1] == "complete" and r[2]]
+    done = [(-float(r["value"]), int(r["number"])) for r in rows_of(folder)
+            if r["state"] == "complete" and r["value"]]
     value, number = min(done)
     return number, -value
 
 
 def best_value(folder: Path) -> float:
     return best_trial(folder)[1]
-
-
-def finetune_flags(graph: str) -> str:
-    """Finetuning's final: its tuned recipe, or the best of its second search (lr up to 1e-3)
-    where that beats the first search's best; refused in one line until that search holds its
-    trials."""
-    wide = best_flags(graph, "finetune-lr", final="finetune")
-    name = f"tune-{graph}-finetune"
-    if best_value(tables.RESULTS / f"{name}-lr") > best_value(tables.RESULTS / name):
-        return wide
-    return RECIPES["finetune"]
 
 
 def best_flags(graph: str, method: str, final: str | None = None) -> str:
@@ -316,9 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     every = searches()
-    unknown = [n for n in args.only or () if n not in every]
+    known = list(every) + [follow_up(f"tune-{graph}-{method}") for graph in TRIALS
+                           for method in tables.SECOND_SEARCHES if follow_up(f"tune-{graph}-{method}") not in every]
+    unknown = [n for n in args.only or () if n not in known]
     if unknown:
-        ap.error(f"--only: {', '.join(unknown)} is not one of {', '.join(every)}")
+        ap.error(f"--only: {', '.join(unknown)} is not one of {', '.join(known)}")
     chosen = {n: f for n, f in every.items() if args.only is None or n in args.only}
     if args.which == "sync":
         for name in chosen:
@@ -336,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             elif args.dry_run:
                 print(search_command(name, flags), flush=True)
             else:
-                work.append((run_search, (name, flags)))
+                work.append((run_chain, (name, args.only)))
         return in_parallel(args.jobs, work) if work else 0
     if args.which == "table4":
         finals = table4_finals(args.seeds or list(tables.TABLE4_SEEDS))

@@ -11,9 +11,11 @@ import argparse
 import functools
 import importlib.util
 import json
+import math
 import re
 import statistics
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -453,29 +455,75 @@ def tuning() -> str:
                  rows)
 
 
-def finetune_lr() -> str:
-    """Whether finetuning's best dev moved once its lr could reach 1e-3: the best trial of each
-    results/tune-GRAPH-finetune-lr (its tuned settings, lr 1e-4 to 1e-3) against the first
-    search's best (lr up to 3e-4)."""
+# A search's best lr near the top of the log range it drew from may have been held back by that
+# top, as finetuning's first searches' were (their range stopped at 3e-4). A LoRA or BitFit search
+# whose best lr lies in the top tenth gets a second search (bench/finals.py), as finetuning did:
+# its best trial's settings, the lr alone from a third of the old top to ten times it.
+EDGE = 0.9
+SECOND_SEARCHES = ("lora", "bitfit")  # searched over the whole space, as PALT and finetuning were
+
+
+@dataclass
+class BestLr:
+    settings: dict[str, str]  # the best trial's settings as support.tune spells them
+    value: str  # its dev figure
+    lr: float
+    low: float  # the log range the search drew lr from
+    high: float
+    trials: int  # the search's trials, every state
+
+    @property
+    def place(self) -> float:
+        """Where lr lies up the log range: 0 at its bottom, 1 at its top."""
+        return math.log(self.lr / self.low) / math.log(self.high / self.low)
+
+
+def best_lr(folder: str) -> BestLr | None:
+    """The best trial's lr of results/FOLDER's search and the range it was drawn from; None where
+    no trial has trained in full, or the search drew no lr (it was fixed)."""
     from support import tune
+    if not (RESULTS / folder / "study.db").is_file():
+        return None
+    study = study_at(folder)
+    finished = tune.finished_trials(study)
+    if not finished or "lr" not in finished[0].distributions:
+        return None
+    best, drawn = finished[0], finished[0].distributions["lr"]
+    row = tune.row_of(best)
+    return BestLr(row["settings"], row["value"], best.params["lr"], drawn.low, drawn.high,
+                  len(study.get_trials(deepcopy=False)))
+
+
+def second_searches() -> str:
+    """Where each method's best lr lies in its range, and whether a second search of the lr
+    (results/tune-GRAPH-METHOD-lr: finetuning's always, up to 1e-3; LoRA's and BitFit's where
+    their best lies in the top tenth) moved the best dev figure."""
     said = []
     for graph in METHOD_GRAPHS:
-        best = {}
-        for folder in (f"tune-{graph}-finetune", f"tune-{graph}-finetune-lr"):
-            if (RESULTS / folder / "study.db").is_file():
-                study = study_at(folder)
-                finished = tune.finished_trials(study)
-                if finished:
-                    best[folder] = (tune.row_of(finished[0]), len(study.trials))
-        if len(best) < 2:
-            said.append(f"On {graph.upper()}, finetuning's search with lr up to 1e-3 "
-                        f"(`tune-{graph}-finetune-lr`) has no trial trained in full yet.")
-            continue
-        (first, _), (wide, n) = best.values()
-        moved = "moved" if wide["value"] > first["value"] else "did not move"
-        said.append(f"On {graph.upper()}, finetuning's best {moved} with lr up to 1e-3: "
-                    f"{wide['value']} at lr {wide['settings']['lr']} ({n} trial{'s' * (n != 1)}) "
-                    f"against {first['value']} at lr {first['settings']['lr']}.")
+        places, moves = [], []
+        for method in METHODS:
+            first, second = best_lr(f"tune-{graph}-{method}"), best_lr(f"tune-{graph}-{method}-lr")
+            if first is None:
+                continue
+            name = NAMES_OF_METHODS[method]
+            places.append(f"{name} {first.lr:.3g} ({first.place:.0%} of the way from {first.low:g} "
+                          f"to {first.high:g})")
+            wanted = method == "finetune" or (method in SECOND_SEARCHES and first.place >= EDGE)
+            folder = f"`tune-{graph}-{method}-lr`"
+            if second is not None:
+                moved = "moved" if float(second.value) > float(first.value) else "did not move"
+                moves.append(f"{name}'s best {moved} with its lr searched again up to "
+                             f"{second.high:g} ({folder}): {second.value} at lr {second.lr:.3g} "
+                             f"({second.trials} trial{'s' * (second.trials != 1)}) against "
+                             f"{first.value}")
+            elif wanted:
+                moves.append(f"{name}'s lr searched again ({folder}) has no "
+                             "trial trained in full yet")
+        if places:
+            said.append(f"On {NAMES[graph]}, each search's best lr: {'; '.join(places)}.")
+        if moves:
+            text = "; ".join(moves)
+            said.append(f"{text[0].upper()}{text[1:]}.")
     return " ".join(said)
 
 

@@ -120,3 +120,17 @@ def pytest_configure(config):
 def device():
     """The device train.py and evaluate.py pick (devices.start_processes), for tests that build a Scorer themselves."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def study_with(folder, values_and_lrs, low=1e-5, high=1e-3, settings=None):
+    """folder/study.db, support.tune's study: one complete trial a (value, lr), lr drawn on a log
+    scale from low to high, and settings {name: value} fixed beside it."""
+    optuna = pytest.importorskip("optuna")
+    folder.mkdir(parents=True)
+    study = optuna.create_study(study_name="tune", storage=f"sqlite:///{folder / 'study.db'}", direction="maximize")
+    fixed = {name: optuna.distributions.CategoricalDistribution([value]) for name, value in (settings or {}).items()}
+    for value, lr in values_and_lrs:
+        study.add_trial(optuna.trial.create_trial(
+            params={"lr": lr, **(settings or {})}, value=value,
+            distributions={"lr": optuna.distributions.FloatDistribution(low, high, log=True), **fixed}))
+    return study

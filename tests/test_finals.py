@@ -7,6 +7,8 @@ import pytest
 import train
 from support import tables
 
+from conftest import study_with
+
 finals = tables.bench("finals")
 
 
@@ -210,3 +212,68 @@ def test_a_signal_passes_to_the_running_commands_and_starts_no_other(tmp_path, m
     assert codes == [0] and saved.exists()  # the command got the signal and stopped in its own way
     assert finals.call("python -c 'print(1)'") == 130  # and nothing starts after it
     assert finals.run_final(None, ["python -c 'print(1)'"], None) == 130
+
+
+def ended_study(results, name, values_and_lrs, high=3e-3):
+    """results/NAME as a search that holds its trials, ended: its study, trials.tsv and best.txt."""
+    settings = {"head_lr": 0.000238, "batch": 8, "negatives": "1,0,1 --either-side", "warmup": 0.0143,
+                "adam_beta2": 0.999, "adam_eps": 1e-08, "head_input": "mean"}
+    study_with(results / name, values_and_lrs, high=high, settings=settings)
+    rows = "".join(f"{n}\tcomplete\t{v}\t{lr}\n" for n, (v, lr) in enumerate(values_and_lrs))
+    (results / name / "trials.tsv").write_text("number\tstate\tvalue\tlr\n" + rows)
+    (results / name / "best.txt").write_text(f"python train.py --data wn11 --lr 0.0029 --seed 42 --out runs/{name}/best\n")
+
+
+def test_a_search_whose_best_lr_lies_at_the_top_of_its_range_is_followed_by_its_lr_alone(results, capsys):
+    ended_study(results, "tune-wn11-bitfit", [(.70, 1e-4)] * 19 + [(.80, 2.9e-3)])  # the best, 99% up the range
+    ended_study(results, "tune-wn11-lora", [(.80, 1e-3)] + [(.70, 2.9e-3)] * 19)  # the best, 81% up
+    every = finals.searches()
+    assert "tune-wn11-bitfit-lr" in every and "tune-wn11-lora-lr" not in every
+    second = every["tune-wn11-bitfit-lr"]
+    assert second.startswith("--data wn11 --recipe cpu --positives 12800 --method bitfit --trials 10 ")
+    space = shlex.split(second)[-1]
+    assert space.startswith("head_lr=0.000238,batch=8,negatives=1,0,1 --either-side,warmup=0.0143,")
+    assert space.endswith(",head_input=mean,lr=0.001:0.03")  # the lr from a third of the top to ten times it
+    tune = pytest.importorskip("support.tune")
+    args = tune.parse_args(shlex.split(finals.search_command("tune-wn11-bitfit-lr", second))[3:])
+    params = tune.search_space(args.method, args.space, args.max_epochs, args.model, args.positives)
+    assert {p.name for p in params if len(set(p.values)) > 1} == {"lr"}  # support.tune takes it: the lr alone
+    (results / "tune-wn11-bitfit" / "trials.tsv").write_text("number\tstate\tvalue\tlr\n0\trunning\t\t\n")
+    assert "tune-wn11-bitfit-lr" not in finals.searches()  # not before the first search has ended
+
+
+def test_a_final_takes_the_second_searchs_best_only_where_it_beats_the_first(results, capsys):
+    ended_study(results, "tune-wn11-bitfit", [(.70, 1e-4)] * 19 + [(.80, 2.9e-3)])
+    said = refusal("methods", "--graph", "wn11", "--methods", "bitfit")
+    assert "results/tune-wn11-bitfit-lr holds 0 of its 10 trials, ended: the bitfit final on wn11 waits for it" in said
+    ended_search(results, "tune-wn11-bitfit-lr", [.79] * 10)
+    commands, _ = planned(capsys, "methods", "--graph", "wn11", "--methods", "bitfit", "--seeds", "42")
+    assert "--search 'results/tune-wn11-bitfit trial 19'" in commands[0]
+    (results / "tune-wn11-bitfit-lr" / "trials.tsv").write_text(
+        "number\tstate\tvalue\n" + "".join(f"{n}\tcomplete\t{.79 + (n == 4) * .02}\n" for n in range(10)))
+    commands, _ = planned(capsys, "methods", "--graph", "wn11", "--methods", "bitfit", "--seeds", "42")
+    assert "--search 'results/tune-wn11-bitfit-lr trial 4'" in commands[0]
+
+
+def test_only_may_name_a_second_search_before_it_exists(results, capsys):
+    commands, _ = planned(capsys, "searches", "--only", "tune-wn11-probe,tune-wn11-lora-lr")
+    assert len(commands) == 1 and "--out runs/tune-wn11-probe " in commands[0]
+    with pytest.raises(SystemExit):
+        finals.main(["searches", "--only", "tune-wn11-probe-lr", "--dry-run"])
+    assert "--only: tune-wn11-probe-lr is not one of" in capsys.readouterr().err
+
+
+def test_a_search_that_ends_at_the_top_of_its_range_runs_its_second_at_once(results, monkeypatch):
+    ran = []
+
+    def run_search(name, flags):  # as if the search ran to its end, its best lr at the top
+        ran.append(name)
+        if name == "tune-wn11-bitfit" and not (results / name).exists():
+            ended_study(results, name, [(.70, 1e-4)] * 19 + [(.80, 2.9e-3)])
+        return 0
+
+    monkeypatch.setattr(finals, "run_search", run_search)
+    assert finals.run_chain("tune-wn11-bitfit", ["tune-wn11-bitfit"]) == 0
+    assert ran == ["tune-wn11-bitfit"]  # --only left the second out
+    assert finals.run_chain("tune-wn11-bitfit", None) == 0
+    assert ran == ["tune-wn11-bitfit", "tune-wn11-bitfit", "tune-wn11-bitfit-lr"]

@@ -8,6 +8,8 @@ import pytest
 import plot
 from support import tables
 
+from conftest import study_with
+
 TOTAL = 23_000_000
 TUNABLE = {"palt": 600_000, "finetune": 23_000_000, "lora": 150_000, "bitfit": 100_000}
 
@@ -190,24 +192,22 @@ def test_table4_without_runs_is_one_sentence_naming_the_folder_and_every_rows_fl
         assert f"{label} `{flags}`" in said
 
 
-def study_with(folder, values_and_lrs):
-    """results/FOLDER/study.db: one complete trial a (value, lr)."""
-    optuna = pytest.importorskip("optuna")
-    folder.mkdir(parents=True)
-    study = optuna.create_study(study_name="tune", storage=f"sqlite:///{folder / 'study.db'}", direction="maximize")
-    for value, lr in values_and_lrs:
-        study.add_trial(optuna.trial.create_trial(
-            params={"lr": lr}, distributions={"lr": optuna.distributions.FloatDistribution(1e-5, 1e-3, log=True)},
-            value=value))
-
-
-def test_the_finetuning_lr_sentence_says_whether_the_best_moved(results):
-    assert tables.finetune_lr().count("has no trial trained in full yet") == 2
-    study_with(results / "tune-umls-finetune", [(.84, 2.49e-4), (.80, 1e-4)])
-    study_with(results / "tune-umls-finetune-lr", [(.83, 6e-4), (.845, 4e-4)])
-    study_with(results / "tune-wn11-finetune", [(.83, 2.4e-4)])
-    study_with(results / "tune-wn11-finetune-lr", [(.82, 9e-4)])
-    said = tables.finetune_lr()
-    assert "On UMLS, finetuning's best moved with lr up to 1e-3: 0.8450 at lr 0.0004 (2 trials) against 0.8400 at " \
-           "lr 0.000249." in said
-    assert "On WN11, finetuning's best did not move with lr up to 1e-3: 0.8200 at lr 0.0009 (1 trial)" in said
+def test_the_second_search_sentence_says_where_each_best_lr_lies_and_whether_the_best_moved(results):
+    said = tables.second_searches()
+    assert said == ""  # no search yet
+    study_with(results / "tune-umls-finetune", [(.84, 2.49e-4), (.80, 1e-4)], low=1e-5, high=3e-4)
+    study_with(results / "tune-wn11-finetune", [(.83, 2.4e-4)], low=1e-5, high=3e-4)
+    study_with(results / "tune-wn11-lora", [(.81, 2.9e-3), (.80, 1e-4)], low=1e-5, high=3e-3)  # at the top
+    study_with(results / "tune-wn11-bitfit", [(.79, 1e-4)], low=1e-5, high=3e-3)  # halfway up
+    said = tables.second_searches()
+    assert "On UMLS, each search's best lr: finetuning 0.000249 (95% of the way from 1e-05 to 0.0003)." in said
+    assert "LoRA 0.0029 (99% of the way from 1e-05 to 0.003); BitFit 0.0001 (40% of the way" in said
+    assert said.count("has no trial trained in full yet") == 3  # finetuning twice and LoRA; not BitFit
+    assert "BitFit's lr searched again" not in said
+    study_with(results / "tune-umls-finetune-lr", [(.83, 6e-4), (.845, 4e-4)], low=1e-4, high=1e-3)
+    study_with(results / "tune-wn11-lora-lr", [(.80, 9e-3)], low=1e-3, high=3e-2)
+    said = tables.second_searches()
+    assert ("Finetuning's best moved with its lr searched again up to 0.001 (`tune-umls-finetune-lr`): 0.8450 at lr "
+            "0.0004 (2 trials) against 0.8400.") in said
+    assert ("LoRA's best did not move with its lr searched again up to 0.03 (`tune-wn11-lora-lr`): 0.8000 at lr 0.009 "
+            "(1 trial) against 0.8100") in said
