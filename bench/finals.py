@@ -151,8 +151,9 @@ def rows_of(folder: Path) -> list[dict[str, str]]:
 
 
 def trials_of(folder: Path) -> tuple[int, int]:
-    """(ended, all) trials of a search."""
-    rows = rows_of(folder)
+    """(ended, all) trials of a search, repeats of an earlier trial's settings left out (they do
+    not count: support/tune.py's repeats())."""
+    rows = [r for r in rows_of(folder) if r["state"] != "repeat"]
     return sum(r["state"] != "running" for r in rows), len(rows)
 
 

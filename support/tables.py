@@ -177,7 +177,7 @@ def search_counts(folder: str) -> tuple[int, str]:
     """(trials, '16 complete, 14 pruned') of results/FOLDER's study, by support/tune.py's rule."""
     from support import tune
     trials = study_at(folder).get_trials(deepcopy=False)
-    return len(trials), tune.counts_text(trials)
+    return len(tune.counted(trials)), tune.counts_text(trials)
 
 
 def trials_of(folder: str | None) -> str:
@@ -440,7 +440,8 @@ def tuning() -> str:
         trials = study.get_trials(deepcopy=False)
         hours = sum(t.user_attrs.get("wall_s", 0) for t in trials) / 3600
         machines = sorted({m for t in trials for m in t.user_attrs.get("machines", [])})
-        cells = [f"`{folder}`", f"{len(trials)} ({tune.counts_text(trials)})", f"{hours:.1f}",
+        cells = [f"`{folder}`", f"{len(tune.counted(trials))} ({tune.counts_text(trials)})",
+                 f"{hours:.1f}",
                  "; ".join(machines) or "not recorded"]
         finished = tune.finished_trials(study)
         if finished:
@@ -491,7 +492,7 @@ def best_lr(folder: str) -> BestLr | None:
     best, drawn = finished[0], finished[0].distributions["lr"]
     row = tune.row_of(best)
     return BestLr(row["settings"], row["value"], best.params["lr"], drawn.low, drawn.high,
-                  len(study.get_trials(deepcopy=False)))
+                  len(tune.counted(study.get_trials(deepcopy=False))))
 
 
 def second_searches() -> str:

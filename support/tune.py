@@ -515,11 +515,48 @@ def next_trial(study, out, params, n_trials):
                 return trial, t, claim, settings
         trials = study.get_trials(deepcopy=False)
         waiting = any(t.state == optuna.trial.TrialState.WAITING for t in trials)
-        if not waiting and len(trials) >= n_trials:
+        if not waiting and len(counted(trials)) >= n_trials:
             return None
-        trial = study.ask()  # an enqueued trial (--try-recipe) first
-        claim = try_lock(trial_folder(out, trial.number) / "search.lock")
-        return trial, None, claim, suggest(trial, params, {})
+        for _ in range(REDRAWS):
+            trial = study.ask()  # an enqueued trial (--try-recipe) first
+            settings = suggest(trial, params, {})
+            earlier = repeats(study.get_trials(deepcopy=False)).get(trial.number)
+            if earlier is None:
+                claim = try_lock(trial_folder(out, trial.number) / "search.lock")
+                return trial, None, claim, settings
+            # Told as failed, which the sampler sets aside, with nothing trained.
+            trial.set_user_attr("note", f"repeats trial {earlier}: not trained")
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            print(f"trial {trial.number} repeats trial {earlier}'s settings: not trained, drawn "
+                  "again", flush=True)
+        raise TuneError(f"{REDRAWS} draws in a row repeated earlier trials' settings: the space "
+                        f"holds fewer settings than --trials {n_trials}")
+
+
+# Draws in a row that may repeat earlier trials' settings before the search gives up.
+REDRAWS = 100
+
+
+def repeats(trials) -> dict[int, int]:
+    """{number: the earlier trial it repeats} of the trials whose settings, as train.py takes them
+    (floats to 3 significant digits), an earlier trial had: two draws of an lr a hair apart would
+    train the same run twice. A repeat does not count toward --trials."""
+    first, out = {}, {}
+    for t in sorted(trials, key=lambda t: t.number):
+        if not t.params:
+            continue
+        key = tuple(sorted((k, flag_text(v)) for k, v in t.params.items()))
+        if key in first:
+            out[t.number] = first[key]
+        else:
+            first[key] = t.number
+    return out
+
+
+def counted(trials) -> list:
+    """The trials that count toward --trials: all but repeats."""
+    repeated = repeats(trials)
+    return [t for t in trials if t.number not in repeated]
 
 
 def suggest(trial, params, stored):
@@ -674,6 +711,7 @@ def finish(study, trial, outcome, folder):
 # ----------------------------------------------------------------------------- the table
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running",
           "WAITING": "waiting"}
+REPEAT = "repeat"  # the state the table gives a repeat (repeats()), whatever Optuna's
 
 
 def trained_in_full(t) -> bool:
@@ -693,8 +731,11 @@ def trained_in_full(t) -> bool:
     return last >= planned * STEPS_AN_EPOCH
 
 
-def state_of(t) -> str:
-    """A trial's state as the table says it: one that trained in full is complete."""
+def state_of(t, repeat: bool = False) -> str:
+    """A trial's state as the table says it: one that trained in full is complete; a repeat of an
+    earlier trial's settings, a repeat."""
+    if repeat:
+        return REPEAT
     return "complete" if trained_in_full(t) else STATES[t.state.name]
 
 
@@ -718,20 +759,26 @@ def finished_trials(study) -> list:
     return sorted(out, key=lambda t: (-t.value, t.number))
 
 
-def row_of(t):
-    """A trial's cells: number, state, value, settings {name: text}, dev, steps, wall, note."""
+def row_of(t, repeat_of: int | None = None):
+    """A trial's cells: number, state, value, settings {name: text}, dev, steps, wall, note;
+    repeat_of: the earlier trial whose settings it repeats (repeats())."""
     dev = " ".join(f"{step / STEPS_AN_EPOCH:g}:{v:.4f}"
                    for step, v in sorted(t.intermediate_values.items()))
     value = "" if value_of(t) is None else f"{value_of(t):.4f}"
-    return dict(number=str(t.number), state=state_of(t), value=value,
+    note = t.user_attrs.get("note", "")
+    if repeat_of is not None and not note:
+        note = f"repeats trial {repeat_of}: not counted"
+    return dict(number=str(t.number), state=state_of(t, repeat_of is not None), value=value,
                 settings={k: flag_text(v) for k, v in t.params.items()}, dev=dev,
                 steps=str(t.user_attrs.get("steps", "")),
-                wall_s=f"{t.user_attrs.get('wall_s', 0):.0f}", note=t.user_attrs.get("note", ""))
+                wall_s=f"{t.user_attrs.get('wall_s', 0):.0f}", note=note)
 
 
 def write_table(study, out):
     """out/trials.tsv, rewritten atomically: a row a trial, its settings a column each."""
-    rows = [row_of(t) for t in study.get_trials(deepcopy=False)]
+    trials = study.get_trials(deepcopy=False)
+    repeated = repeats(trials)
+    rows = [row_of(t, repeated.get(t.number)) for t in trials]
     names = [name for name in KIND if any(name in r["settings"] for r in rows)]
     lines = ["\t".join(["number", "state", "value", *names, "dev", "steps", "wall_s", "note"])]
     for r in rows:
@@ -779,7 +826,7 @@ def search(args):
     try:
         with mutex(out):
             study = open_study(out, args, params)
-            if point and len(study.get_trials(deepcopy=False)) < args.trials:
+            if point and len(counted(study.get_trials(deepcopy=False))) < args.trials:
                 # Once a study: a trial of the same settings, in any state, stops it.
                 study.enqueue_trial(point, user_attrs={"tried": tried}, skip_if_exists=True)
         failures = 0
@@ -809,25 +856,31 @@ def search(args):
 
 
 def counts_text(trials) -> str:
-    """'14 complete, 16 pruned': the trials by state_of, the states that occur."""
+    """'14 complete, 16 pruned': the trials by state_of, the states that occur; then the repeats,
+    which do not count ('; 1 repeat, not counted')."""
+    repeated = repeats(trials)
     counts = {s: 0 for s in STATES.values()}
     for t in trials:
-        counts[state_of(t)] += 1
-    return ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        if t.number not in repeated:
+            counts[state_of(t)] += 1
+    said = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    if repeated:
+        said += f"; {len(repeated)} {REPEAT}{'s' * (len(repeated) > 1)}, not counted"
+    return said
 
 
 def summary(study, args, out):
     """The counts, the best trial and its train.py line (also out/best.txt)."""
     trials = study.get_trials(deepcopy=False)
-    said = counts_text(trials)
+    said, n = counts_text(trials), len(counted(trials))
     finished = finished_trials(study)
     if not finished:
-        print(f"{len(trials)} trials ({said}) in {out}/trials.tsv; none complete", flush=True)
+        print(f"{n} trials ({said}) in {out}/trials.tsv; none complete", flush=True)
         return
     best = finished[0]
     line = train_line(args, best.params, out / "best")
     files.write_atomic(out / "best.txt", lambda f: f.write((line + "\n").encode()))
-    print(f"{len(trials)} trials ({said}) in {out}/trials.tsv; best trial {best.number}, dev "
+    print(f"{n} trials ({said}) in {out}/trials.tsv; best trial {best.number}, dev "
           f"{best.user_attrs.get('metric', 'figure')} {best.value:.4f}; to train it:\n{line}",
           flush=True)
 
@@ -844,7 +897,7 @@ def report(out, top=5):
     trials = study.get_trials(deepcopy=False)
     hours = sum(t.user_attrs.get("wall_s", 0) for t in trials) / 3600
     machines = sorted({m for t in trials for m in t.user_attrs.get("machines", [])})
-    lines = [f"{out}: {len(trials)} trials "
+    lines = [f"{out}: {len(counted(trials))} trials "
              f"({counts_text(trials)}), "
              f"{hours:.1f} h of trials on {'; '.join(machines) or 'machines not recorded'}", ""]
     complete = finished_trials(study)

@@ -277,3 +277,13 @@ def test_a_search_that_ends_at_the_top_of_its_range_runs_its_second_at_once(resu
     assert ran == ["tune-wn11-bitfit"]  # --only left the second out
     assert finals.run_chain("tune-wn11-bitfit", None) == 0
     assert ran == ["tune-wn11-bitfit", "tune-wn11-bitfit", "tune-wn11-bitfit-lr"]
+
+
+def test_a_repeat_of_an_earlier_trials_settings_does_not_count_toward_a_searchs_trials(results, capsys):
+    folder = results / "tune-wn11-probe"
+    folder.mkdir()
+    rows = "".join(f"{n}\tcomplete\n" for n in range(7)) + "7\trepeat\n"
+    (folder / "trials.tsv").write_text("number\tstate\n" + rows)
+    assert finals.trials_of(folder) == (7, 7)
+    commands, _ = planned(capsys, "searches", "--only", "tune-wn11-probe")
+    assert len(commands) == 1  # 7 of its 8 trials: it goes on

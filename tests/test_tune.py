@@ -406,3 +406,35 @@ def test_every_worker_draws_from_a_seed_the_study_records():
     assert tune.worker_seed(study, lead, 5) == 12  # the lead again, resumed
     assert [(w["index"], w["seed"], w["joined"]) for w in study.user_attrs["workers"]] == \
         [(0, 7, False), (1, 1010, True), (2, 2011, True), (0, 12, False)]
+
+
+def test_a_draw_that_repeats_an_earlier_trials_settings_is_not_trained_and_does_not_count(tmp_path, capsys):
+    """Optuna's draws 4 and 5 of the lr alone from seed 42, 0.0017000 and 0.0016999, are one train.py run at 3
+    significant digits: the second is told failed without training, drawn again, and left out of --trials."""
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=42))
+    params = [tune.Param("lr", "log", (1e-3, 3e-2))]
+    trained = []
+    while (got := tune.next_trial(study, tmp_path, params, 6)) is not None:
+        trial, _, claim, settings = got
+        claim.close()
+        trained.append((trial.number, tune.flag_text(settings["lr"])))
+        study.tell(trial, 0.5)
+    assert [n for n, _ in trained] == [0, 1, 2, 3, 4, 6] and trained[4][1] == "0.0017"
+    assert len(set(lr for _, lr in trained)) == 6  # six runs, each its own lr
+    trials = study.get_trials(deepcopy=False)
+    assert tune.repeats(trials) == {5: 4} and len(tune.counted(trials)) == 6
+    assert trials[5].state == optuna.trial.TrialState.FAIL
+    assert "trial 5 repeats trial 4's settings: not trained, drawn again" in capsys.readouterr().out
+    assert tune.counts_text(trials) == "6 complete; 1 repeat, not counted"
+    tune.write_table(study, tmp_path)
+    row = (tmp_path / "trials.tsv").read_text().splitlines()[6].split("\t")
+    assert row[:2] == ["5", "repeat"] and row[-1] == "repeats trial 4: not trained"
+
+
+def test_a_space_with_fewer_settings_than_trials_is_refused_in_one_line(tmp_path):
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
+    params = [tune.Param("batch", "choice", (8, 16))]
+    with pytest.raises(tune.TuneError, match="100 draws in a row repeated earlier trials' settings"):
+        while (got := tune.next_trial(study, tmp_path, params, 3)) is not None:
+            got[2].close()
+            study.tell(got[0], 0.5)
