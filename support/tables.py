@@ -512,7 +512,8 @@ def second_searches() -> str:
             wanted = method == "finetune" or (method in SECOND_SEARCHES and first.place >= EDGE)
             folder = f"`tune-{graph}-{method}-lr`"
             if second is not None:
-                moved = "moved" if float(second.value) > float(first.value) else "did not move"
+                gain = float(second.value) - float(first.value)
+                moved = f"moved ({gain:+.4f})" if gain > 0 else "did not move"
                 moves.append(f"{name}'s best {moved} with its lr searched again up to "
                              f"{second.high:g} ({folder}): {second.value} at lr {second.lr:.3g} "
                              f"({second.trials} trial{'s' * (second.trials != 1)}) against "

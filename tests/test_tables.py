@@ -207,7 +207,7 @@ def test_the_second_search_sentence_says_where_each_best_lr_lies_and_whether_the
     study_with(results / "tune-umls-finetune-lr", [(.83, 6e-4), (.845, 4e-4)], low=1e-4, high=1e-3)
     study_with(results / "tune-wn11-lora-lr", [(.80, 9e-3)], low=1e-3, high=3e-2)
     said = tables.second_searches()
-    assert ("Finetuning's best moved with its lr searched again up to 0.001 (`tune-umls-finetune-lr`): 0.8450 at lr "
+    assert ("Finetuning's best moved (+0.0050) with its lr searched again up to 0.001 (`tune-umls-finetune-lr`): 0.8450 at lr "
             "0.0004 (2 trials) against 0.8400.") in said
     assert ("LoRA's best did not move with its lr searched again up to 0.03 (`tune-wn11-lora-lr`): 0.8000 at lr 0.009 "
             "(1 trial) against 0.8100") in said
