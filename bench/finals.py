@@ -351,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     every = searches()
-    known = list(every) + [follow_up(f"tune-{graph}-{method}") for graph in TRIALS
-                           for method in tables.SECOND_SEARCHES if follow_up(f"tune-{graph}-{method}") not in every]
+    seconds = [follow_up(f"tune-{graph}-{method}") for graph in TRIALS for method in tables.SECOND_SEARCHES]
+    known = list(dict.fromkeys([*every, *seconds]))  # a second search may be named before it exists
     unknown = [n for n in args.only or () if n not in known]
     if unknown:
         ap.error(f"--only: {', '.join(unknown)} is not one of {', '.join(known)}")
