@@ -19,8 +19,9 @@ bert-base-uncased, a model folder) zero-shot, drawn beside.
 curve: a run folder's metrics.jsonl (train.py writes it; older run folders: their log.txt), or a
 train log (results/*.train.log): the train loss as logged (the mean since the epoch's start or a
 resume) and the dev metric against steps, the best dev point starred, several runs overlaid.
-methods: UMLS test MRR (mean over seeds, sd bars) against tunable parameters (log scale), one
-labelled point per method, from the finals in results/methods/ as support/tables.py reads them.
+methods: UMLS test MRR and WN11 test accuracy (means over seeds, sd bars) against tunable
+parameters (log scale), a panel a graph with finals, one labelled point per method, from the finals
+in results/methods/ as support/tables.py reads them.
 --out: the PNG to write; by default one named after what it draws, in the current folder
 (attention-HEAD-RELATION-TAIL.png, curve-RUN.png, methods.png). matplotlib is optional:
 pip install matplotlib.
@@ -565,7 +566,7 @@ def parse_args(argv=None):
     cur.add_argument("--logx", action="store_true", help="steps on a log scale")
     cur.add_argument("--out", help="the PNG to write (default: curve-RUN.png here, the runs' "
                      "names joined by +)")
-    met = sub.add_parser("methods", help="UMLS test MRR against tunable parameters, per method")
+    met = sub.add_parser("methods", help="test figures against tunable parameters, per method")
     met.add_argument("--out", default="methods.png", help="the PNG to write (default: methods.png "
                      "here)")
     args = ap.parse_args(argv)
@@ -630,18 +631,23 @@ def curve(args):
     print(f"wrote {args.out}")
 
 
-def draw_methods(plt, found: list[tuple[str, int, float, float, list[int]]]):
-    """UMLS test MRR against tunable parameters on a log axis, sd bars, each point labelled."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for method, tunable, mean, sd, seeds in found:
-        ax.errorbar([tunable], [mean], yerr=[sd], fmt="o", capsize=4, color="royalblue")
-        ax.annotate(f"{method} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})",
-                    (tunable, mean), textcoords="offset points", xytext=(6, 6), fontsize=9)
-    ax.set_xscale("log")
-    ax.set_xlabel("tunable parameters (log scale)")
-    ax.set_ylabel("UMLS test MRR (mean over seeds, ± sd)")
-    ax.set_title("Methods at equal budgets: results/methods/")
-    ax.grid(True, which="both", alpha=0.3)
+METHOD_AXES = {"umls": "UMLS test MRR", "wn11": "WN11 test accuracy (points)"}  # one panel each
+
+
+def draw_methods(plt, found: dict[str, list[tuple[str, int, float, float, list[int]]]]):
+    """Each graph's test figure against tunable parameters on a log axis, one panel a graph with
+    finals, sd bars over seeds, each point labelled."""
+    fig, axes = plt.subplots(1, len(found), figsize=(6.4 * len(found), 4.4), squeeze=False)
+    for ax, (graph, points) in zip(axes[0], found.items()):
+        for method, tunable, mean, sd, seeds in points:
+            ax.errorbar([tunable], [mean], yerr=[sd], fmt="o", capsize=4, color="royalblue")
+            ax.annotate(f"{method} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})",
+                        (tunable, mean), textcoords="offset points", xytext=(6, 6), fontsize=9)
+        ax.set_xscale("log")
+        ax.set_xlabel("tunable parameters (log scale)")
+        ax.set_ylabel(f"{METHOD_AXES[graph]} (mean over seeds, ± sd)")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle("Methods at equal budgets: results/methods/")
     fig.tight_layout()
     return fig
 
@@ -650,16 +656,17 @@ def methods(args) -> None:
     """plot.py methods: the finals support/tables.py reads (one line where there are none), then
     matplotlib, then the picture."""
     from support import tables
-    found = tables.umls_points()
+    found = {g: tables.method_points(g) for g in METHOD_AXES if tables.method_points(g)}
     if not found:
-        raise SystemExit(f"error: no UMLS finals with parameter counts in "
+        raise SystemExit(f"error: no finals with parameter counts in "
                          f"{files.project_path(tables.RESULTS / tables.METHODS_FOLDER)}/ yet "
-                         f"(umls-METHOD-sSEED.json): nothing to draw")
+                         f"(umls-METHOD-sSEED.json, wn11-METHOD-sSEED.json): nothing to draw")
     files.check_writable(Path(args.out).parent, f"--out {args.out}")
     plt = need_pyplot()
-    for method, tunable, mean, sd, seeds in found:
-        print(f"{method}: {tunable:,} tunable parameters, UMLS test MRR {mean:.4f} ± {sd:.4f} "
-              f"(seeds {', '.join(map(str, seeds))})")
+    for graph, points in found.items():
+        for method, tunable, mean, sd, seeds in points:
+            print(f"{method}: {tunable:,} tunable parameters, {METHOD_AXES[graph]} {mean:.4f} "
+                  f"± {sd:.4f} (seeds {', '.join(map(str, seeds))})")
     save_png(plt, draw_methods(plt, found), Path(args.out))
     print(f"wrote {args.out}")
 

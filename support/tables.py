@@ -673,11 +673,11 @@ def methods() -> str:
                   "paired gap, method - PALT, by seed"], rows)
 
 
-def umls_points() -> list[tuple[str, int, float, float, list[int]]]:
-    """(method, tunable parameters, mean, sd, seeds) of UMLS test MRR per method with finals and a
-    parameter count (sd 0 with one seed): the points plot.py methods draws."""
+def method_points(graph: str) -> list[tuple[str, int, float, float, list[int]]]:
+    """(method, tunable parameters, mean, sd, seeds) of a graph's headline test figure per method
+    with finals and a parameter count (sd 0 with one seed): the points plot.py methods draws."""
     out = []
-    for method, names in finals("umls").items():
+    for method, names in finals(graph).items():
         tunable = train_of(next(iter(names.values())), "tunable")
         if tunable is None:
             continue

@@ -127,10 +127,27 @@ def test_plot_methods_draws_a_png_from_the_same_finals(results, tmp_path_factory
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     said = capsys.readouterr().out
     assert "lora: 150,000 tunable parameters, UMLS test MRR 0.6300 ± 0.0424 (seeds 42, 1)" in said
+    assert "WN11" not in said  # no WN11 finals: no WN11 panel
+
+
+def test_plot_methods_draws_a_panel_a_graph_and_wn11_alone(results, tmp_path_factory, capsys):
+    pytest.importorskip("matplotlib")
+    final(results, "wn11", "palt", 42, .88)
+    final(results, "wn11", "lora", 42, .86)
+    out = tmp_path_factory.mktemp("figures") / "methods.png"
+    plot.main(["methods", "--out", str(out)])
+    said = capsys.readouterr().out
+    assert "lora: 150,000 tunable parameters, WN11 test accuracy (points) 86.0000 ± 0.0000 (seeds 42)" in said
+    assert "UMLS" not in said
+    three_methods(results)
+    tables.result.cache_clear()
+    plot.main(["methods", "--out", str(out)])
+    said = capsys.readouterr().out
+    assert "UMLS test MRR" in said and "WN11 test accuracy" in said
 
 
 def test_plot_methods_without_finals_says_so_in_one_line(results):
-    with pytest.raises(SystemExit, match=r"^error: no UMLS finals .* nothing to draw$"):
+    with pytest.raises(SystemExit, match=r"^error: no finals .* nothing to draw$"):
         plot.main(["methods", "--out", "x.png"])
 
 
