@@ -99,6 +99,18 @@ def test_without_finals_the_block_is_one_sentence_and_the_verdict_names_what_is_
     assert "`umls-lora-sS`" in verdict and "`wn11-bitfit-s42`" in verdict
 
 
+def test_one_graphs_finals_give_its_answers_and_the_verdict_names_what_the_other_awaits(results):
+    for method, acc in {"palt": .86, "finetune": .89, "lora": .87, "bitfit": .84}.items():
+        final(results, "wn11", method, 42, acc, epochs=1)
+    verdict = tables.methods_verdict()
+    assert "The paper's claim at equal budgets: on WN11 PALT is not within 1.00 points of finetuning" in verdict
+    assert "on UMLS" not in verdict
+    assert "at equal budgets on the other graph awaits `umls-palt-sS`, `umls-finetune-sS`." in verdict
+    assert ("PALT against the general methods: LoRA: PALT does not beat it on WN11 (86.00 against 87.00); "
+            "BitFit: PALT beats it on WN11 (86.00 against 84.00).") in verdict
+    assert "BitFit on the other graph awaits `umls-palt-sS`, `umls-lora-sS`, `umls-bitfit-sS`." in verdict
+
+
 def test_the_verdict_follows_the_numbers(results):
     for method, mrrs in {"palt": (.80, .81, .82), "finetune": (.805, .815, .825), "lora": (.70, .71, .72),
                          "bitfit": (.60, .61, .62)}.items():
