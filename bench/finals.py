@@ -21,6 +21,7 @@ test triple with --keep-ranks (the ranks stay for the paired gaps); WN11 one epo
 A final waits, refused in one line, until the search it takes its settings from holds its trials, ended.
 WN11's PALT and finetuning finals at their recipes evaluate Table 4's runs of the same seeds.
 
+A final that ends keeps its run's log.txt as results/NAME.train.log beside each JSON.
 A final whose results JSON exists is skipped; a run folder that holds a resume state continues with
 --resume. Training takes --dtype auto, evaluation fp32. Each command is printed with the time before
 it runs; --dry-run prints one line a final (its commands joined by &&) and runs nothing.
@@ -325,7 +326,18 @@ def run_final(final: Final, commands: list[str], log: Path | None) -> int:
             if not STOP:
                 print(f"error: exit status {code} from: {command}", file=sys.stderr, flush=True)
             return code
+    keep_log(final)
     return 0
+
+
+def keep_log(final: Final) -> None:
+    """The run's training log (its log.txt) beside each JSON of the final, as NAME.train.log, so
+    that results/ keeps how the figures were trained once runs/ is gone."""
+    log = ROOT / final.run / "log.txt"
+    for name, _ in final.evaluations:
+        kept = (tables.RESULTS / name).with_suffix(".train.log")
+        if log.is_file() and (tables.RESULTS / name).is_file() and not kept.is_file():
+            shutil.copyfile(log, kept)
 
 
 def in_parallel(jobs: int, work: list) -> int:

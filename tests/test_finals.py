@@ -214,6 +214,24 @@ def test_a_signal_passes_to_the_running_commands_and_starts_no_other(tmp_path, m
     assert finals.run_final(None, ["python -c 'print(1)'"], None) == 130
 
 
+def test_a_final_that_ends_keeps_its_training_log_beside_each_json(results, monkeypatch, tmp_path_factory):
+    import sys
+    root = tmp_path_factory.mktemp("repository")
+    (root / "runs" / "table4-palt-s42").mkdir(parents=True)
+    (root / "runs" / "table4-palt-s42" / "log.txt").write_text("epoch 1/1 step 20/14072 loss 0.6785\n")
+    monkeypatch.setattr(finals, "ROOT", root)
+    (results / "methods").mkdir()
+    out = results / "methods" / "wn11-palt-s42.json"
+    write = shlex.join([sys.executable, "-c", f"import pathlib; pathlib.Path({str(out)!r}).write_text('{{}}')"])
+    final = finals.Final("runs/table4-palt-s42", "unused", [("methods/wn11-palt-s42.json", write)])
+    assert finals.run_final(final, [write], None) == 0
+    kept = results / "methods" / "wn11-palt-s42.train.log"
+    assert kept.read_text() == "epoch 1/1 step 20/14072 loss 0.6785\n"
+    failing = finals.Final("runs/table4-palt-s42", "unused", [("methods/wn11-palt-s1.json", "")])
+    assert finals.run_final(failing, [f"{shlex.quote(sys.executable)} -c 'raise SystemExit(2)'"], None) == 2
+    assert not (results / "methods" / "wn11-palt-s1.train.log").exists()  # no JSON, no log beside it
+
+
 def ended_study(results, name, values_and_lrs, high=3e-3):
     """results/NAME as a search that holds its trials, ended: its study, trials.tsv and best.txt."""
     settings = {"head_lr": 0.000238, "batch": 8, "negatives": "1,0,1 --either-side", "warmup": 0.0143,
