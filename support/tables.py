@@ -329,8 +329,6 @@ COMPARISONS = [
      [(f"umls-palt-tuned8-s{s}-lp660", f"umls-ft-tuned-s{s}-lp660") for s in SEEDS]),
     ("WN11", "cpu recipe, 3 epochs each", "wn11-palt-3ep-trainneg", "wn11-ft-trainneg", None,
      None, [("wn11-palt-3ep-trainneg", "wn11-ft-trainneg")]),
-    ("WN11", "tuned, 1 epoch each", "wn11-palt-tuned-s42", "wn11-ft-tuned-s42",
-     "tune-wn11-palt", "tune-wn11-finetune", [("wn11-palt-tuned-s42", "wn11-ft-tuned-s42")]),
     ("WN11", "tuned, PALT 20 epochs (shipped), finetuning 1", "palt-wn11-minilm",
      "wn11-ft-tuned-s42", "tune-wn11-palt", "tune-wn11-finetune",
      [("palt-wn11-minilm", "wn11-ft-tuned-s42")]),
@@ -647,10 +645,19 @@ def gap_cell(method: str, reference: str, umls: dict, wn11: dict) -> str:
     return "<br>".join(said) or f"no {reference} final to pair with"
 
 
+def search_trials(graph: str, method: str) -> str:
+    """'20 + 10': the trials of a method's searches on a graph, its first and then its lr alone
+    (tune-GRAPH-METHOD, tune-GRAPH-METHOD-lr), as the tuning table counts them; 'none'."""
+    folders = (f"tune-{graph}-{method}", f"tune-{graph}-{method}-lr")
+    counts = [str(search_counts(f)[0]) for f in folders if (RESULTS / f / "study.db").is_file()]
+    return " + ".join(counts) or "none"
+
+
 def methods() -> str:
     """The methods at equal budgets, one row a method with a final in results/methods/: tunable
-    parameters, adapter size, minutes a UMLS epoch, UMLS test MRR, WN11 test accuracy and the
-    paired gaps to finetuning and to PALT; one sentence while no final has run."""
+    parameters, adapter size, the search trials behind its settings, minutes a UMLS epoch, UMLS
+    test MRR, WN11 test accuracy and the paired gaps to finetuning and to PALT; one sentence while
+    no final has run."""
     umls, wn11 = finals("umls"), finals("wn11")
     if not umls and not wn11:
         return (f"The methods' finals have not run yet: `results/{METHODS_FOLDER}/` will hold "
@@ -663,11 +670,13 @@ def methods() -> str:
         if not u and not w:
             continue
         first = next(iter((u or w).values()))
-        rows.append([method, parameters_cell(first), adapter_mb(first),
+        searched = "; ".join(f"{NAMES[g]} {search_trials(g, method)}"
+                             for g, got in (("umls", u), ("wn11", w)) if got)
+        rows.append([method, parameters_cell(first), adapter_mb(first), searched,
                      minutes_per_epoch(u) if u else "—", over_seeds(u) if u else "—",
                      over_seeds(w, points) if w else "—", gap_cell(method, "finetune", umls, wn11),
                      gap_cell(method, "palt", umls, wn11)])
-    return table(["method", "tunable parameters (% of the model)", "adapter (MB)",
+    return table(["method", "tunable parameters (% of the model)", "adapter (MB)", "search trials",
                   "minutes a UMLS epoch (machine)", "UMLS test MRR", "WN11 test accuracy",
                   "paired gap, method - finetuning, by seed (budgets)",
                   "paired gap, method - PALT, by seed"], rows)

@@ -63,6 +63,9 @@ def three_methods(root, seeds=(42, 1)):
 
 def test_the_table_has_a_row_a_method_in_order_with_its_means_counts_and_sizes(results):
     three_methods(results)
+    study_with(results / "tune-umls-lora", [(.5, 1e-4), (.6, 9e-4)])
+    study_with(results / "tune-umls-lora-lr", [(.61, 2e-3)], low=3e-4, high=1e-2)  # its lr alone
+    study_with(results / "tune-umls-finetune", [(.7, 1e-4)])
     text = tables.methods()
     rows = text.splitlines()[2:]
     assert [r.split(" | ")[0].strip("| ") for r in rows] == ["palt", "finetune", "lora"]  # METHODS' order
@@ -71,6 +74,7 @@ def test_the_table_has_a_row_a_method_in_order_with_its_means_counts_and_sizes(r
     assert ".630 ± .042 (seeds 42, 1)" in lora
     assert "600,000 (2.61%)" in palt and "23,000,000 (100.00%)" in finetune and "150,000 (0.65%)" in lora
     assert "| 2.4 |" in palt  # MB
+    assert "| UMLS none |" in palt and "| UMLS 1 |" in finetune and "| UMLS 2 + 1 |" in lora  # search trials
     assert "2.0 (Test CPU, 2 threads)" in palt  # 960 s over 8 epochs
     assert "bitfit" not in text and "prompt" not in text  # no finals, no rows
     assert "(the reference)" in finetune and "ranks not kept" in palt  # no .state folders yet
