@@ -122,6 +122,14 @@ def device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def clear_table_caches():
+    """support.tables caches what it reads by name; a test with a results folder of its own empties them
+    before and after, so that no figure crosses between that folder and the project's."""
+    from support import tables
+    for cached in (tables.result, tables.paired_lp, tables.paired_tc, tables.search_counts):
+        cached.cache_clear()
+
+
 def study_with(folder, values_and_lrs, low=1e-5, high=1e-3, settings=None):
     """folder/study.db, support.tune's study: one complete trial a (value, lr), lr drawn on a log
     scale from low to high, and settings {name: value} fixed beside it."""

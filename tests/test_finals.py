@@ -7,16 +7,18 @@ import pytest
 import train
 from support import tables
 
-from conftest import study_with
+from conftest import clear_table_caches, study_with
 
 finals = tables.bench("finals")
 
 
 @pytest.fixture
 def results(tmp_path, monkeypatch):
-    """An empty results folder in place of the project's."""
+    """An empty results folder in place of the project's, the tables' caches emptied around it."""
     monkeypatch.setattr(tables, "RESULTS", tmp_path)
-    return tmp_path
+    clear_table_caches()
+    yield tmp_path
+    clear_table_caches()
 
 
 def planned(capsys, *argv):

@@ -8,7 +8,7 @@ import pytest
 import plot
 from support import tables
 
-from conftest import study_with
+from conftest import clear_table_caches, study_with
 
 TOTAL = 23_000_000
 TUNABLE = {"palt": 600_000, "finetune": 23_000_000, "lora": 150_000, "bitfit": 100_000}
@@ -19,11 +19,9 @@ def results(tmp_path, monkeypatch):
     """An empty results folder in place of the project's, the module's caches emptied around it."""
     monkeypatch.setattr(tables, "RESULTS", tmp_path)
     (tmp_path / "methods").mkdir()
-    for cached in (tables.result, tables.paired_lp, tables.paired_tc):
-        cached.cache_clear()
+    clear_table_caches()
     yield tmp_path
-    for cached in (tables.result, tables.paired_lp, tables.paired_tc):
-        cached.cache_clear()
+    clear_table_caches()
 
 
 def final(root, graph, method, seed, figure, epochs=8, wall_s=960.0):
