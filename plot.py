@@ -644,8 +644,9 @@ def draw_methods(plt, found: dict[str, list[tuple[str, int, float, float, list[i
             ax.annotate(f"{method} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})",
                         (tunable, mean), textcoords="offset points", xytext=(6, 6), fontsize=9)
         ax.set_xscale("log")
+        ax.margins(x=0.25, y=0.1)  # room for the labels right of the outermost points
         ax.set_xlabel("tunable parameters (log scale)")
-        ax.set_ylabel(f"{METHOD_AXES[graph]} (mean over seeds, ± sd)")
+        ax.set_ylabel(f"{METHOD_AXES[graph]}, mean ± sd over seeds")
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle("Methods at equal budgets: results/methods/")
     fig.tight_layout()
