@@ -11,18 +11,18 @@ SUFFIXES = (".json", ".train.log", ".log", ".state", ".run")  # a row names resu
 
 
 def named_forms(rel):
-    """The ways a document may name results/REL: its path, its path in results/, its NAME (a top-level file's stem
-    by SUFFIXES), or any folder above it as a folder (`results/ablations/`, `x.state`)."""
+    """The ways a document may name results/REL: its path, its path in results/, its NAME (its path less a suffix of
+    SUFFIXES, or a top-level folder's), or any folder above it as a folder (`results/methods/`, `x.state`)."""
     parts = Path(rel).parts
     forms = {f"results/{rel}", f"`{rel}`"}
     for i in range(1, len(parts)):
         folder = "/".join(parts[:i])
         forms |= {f"results/{folder}/", f"`{folder}`", f"`{folder}/`"}
-    top = parts[0]
-    for suffix in SUFFIXES:
-        if top.endswith(suffix):
-            name = top.removesuffix(suffix)
-            forms |= {f"`{name}`", f"`{re.sub(r'-s(42|1|2)(?=-|$)', '-sS', name)}`"}  # seeds 42, 1, 2 as -sS
+    for named in {parts[0], rel}:  # a top-level file or folder, or a file in a folder (`table4/wn11-palt-sS`)
+        for suffix in SUFFIXES:
+            if named.endswith(suffix):
+                name = named.removesuffix(suffix)
+                forms |= {f"`{name}`", f"`{re.sub(r'-s(42|1|2)(?=-|$)', '-sS', name)}`"}  # seeds 42, 1, 2 as -sS
     return forms
 
 
@@ -37,10 +37,12 @@ def test_every_file_in_results_is_named_by_a_document():
 
 def test_named_forms_cover_a_row_a_folder_and_nothing_else():
     assert "`palt-umls-minilm`" in named_forms("palt-umls-minilm.train.log")
-    assert "results/ablations/" in named_forms("ablations/wn11-minilm.json")
+    assert "results/methods/" in named_forms("methods/wn11-palt-s42.json")
     assert "`umls-palt-tuned-s1-lp660.state`" in named_forms("umls-palt-tuned-s1-lp660.state/rank0.npz")
     assert "`umls-ft-tuned-sS-lp660`" in named_forms("umls-ft-tuned-s2-lp660.state/settings.json")
     assert not any("umls" in f for f in named_forms("wn11-ft-trainneg.json"))
+    assert "`table4/wn11-palt-sS`" in named_forms("table4/wn11-palt-s1.train.log")
+    assert "`wn11-palt-sS`" not in named_forms("table4/wn11-palt-s1.json")  # a nested file by its path only
 
 
 @pytest.fixture(scope="module")
