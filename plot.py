@@ -657,7 +657,7 @@ def methods(args) -> None:
     """plot.py methods: the finals support/tables.py reads (one line where there are none), then
     matplotlib, then the picture."""
     from support import tables
-    found = {g: tables.method_points(g) for g in METHOD_AXES if tables.method_points(g)}
+    found = {g: points for g in METHOD_AXES if (points := tables.method_points(g))}
     if not found:
         raise SystemExit(f"error: no finals with parameter counts in "
                          f"{files.project_path(tables.RESULTS / tables.METHODS_FOLDER)}/ yet "
