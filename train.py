@@ -240,16 +240,20 @@ class Trainer:
         return self.world_size > 1 or dist.is_initialized()
 
 
+def palt_config(run: flags.Run) -> PaltConfig:
+    """The method and its parts as the flags give them."""
+    lora = dict(lora_rank=run.lora_rank, lora_alpha=run.lora_alpha) if run.method == "lora" else {}
+    return PaltConfig(method=run.method, prompts=run.prompts, calib_layers=run.calib,
+                      prompt_encoder=not run.no_wp, prompt_mlp=run.prompt_mlp,
+                      head_input=run.head_input, **lora)
+
+
 def build(run: flags.Run, dtype: str, device: torch.device) -> tuple:
     """The PALT model (a random NSP head seeded alike on every process), graph, token ids, metadata,
     trainable params, AdamW."""
     kg = load_kg(run.data, run.data_dir, run.text)  # before the model: a data error costs seconds
     torch.manual_seed(run.seed)
-    lora = dict(lora_rank=run.lora_rank, lora_alpha=run.lora_alpha) if run.method == "lora" else {}
-    cfg = PaltConfig(method=run.method, prompts=run.prompts, calib_layers=run.calib,
-                     prompt_encoder=not run.no_wp, prompt_mlp=run.prompt_mlp,
-                     head_input=run.head_input, **lora)
-    model, loaded = build_palt(run.model, cfg)
+    model, loaded = build_palt(run.model, palt_config(run))
     flags.check_model(run, model, loaded)
     record = flags.recorded(run)  # paths inside the project relative to it, others absolute
     report = param_report(model)

@@ -16,8 +16,9 @@ SIGTERM passes to every running command, which saves and stops (the same command
 table4: the paper's Table 4 on WN11, each variant of support/tables.py's TABLE4 for one epoch, into
 results/table4/wn11-VARIANT-sSEED.json. methods: each method at its searched settings (palt the tuned
 recipe; finetune tuned-finetune; the others their search's results/tune-GRAPH-METHOD/best.txt; or the
-second search's best, where there is one and it beats the first's) into results/methods/: UMLS 8 epochs, ranked on every
-test triple with --keep-ranks (the ranks stay for the paired gaps); WN11 one epoch, classified with --tc.
+second search's best, where there is one and it beats the first's; lora-r48 LoRA's at rank 48, PALT's
+count) into results/methods/: UMLS 8 epochs, ranked on every test triple with --keep-ranks (the ranks
+stay for the paired gaps); WN11 one epoch, classified with --tc.
 A final waits, refused in one line, until the search it takes its settings from holds its trials, ended.
 WN11's PALT and finetuning finals at their recipes evaluate Table 4's runs of the same seeds.
 
@@ -241,7 +242,17 @@ def table4_finals(seeds: list[int]) -> list[Final]:
 def searched(graph: str, method: str) -> str:
     """The train.py flags of a method's searched settings, less those of the search's budget: its
     recipe (PALT's, finetuning's) or its search's best, or its second search's best where that
-    beats the first's; a method without a finished search stops the command in one line."""
+    beats the first's; a method without a finished search stops the command in one line. A
+    variant (tables.VARIANTS) is its method's settings with its own flags in place of theirs."""
+    if method in tables.VARIANTS:
+        base, change = tables.VARIANTS[method]
+        words, changes = shlex.split(searched(graph, base)), shlex.split(change)
+        for flag, value in zip(changes[::2], changes[1::2]):
+            if flag in words:
+                words[words.index(flag) + 1] = value
+            else:
+                words += [flag, value]
+        return shlex.join(words)
     first = RECIPES[method] if method in RECIPES else best_flags(graph, method)
     name = f"tune-{graph}-{method}"
     if follow_up(name) not in searches():

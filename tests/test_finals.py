@@ -5,6 +5,7 @@ import shlex
 import pytest
 
 import train
+from palt import build_palt, param_report
 from support import tables
 
 from conftest import clear_table_caches, study_with
@@ -110,6 +111,20 @@ def test_methods_take_the_searched_settings_at_the_finals_budget(results, capsys
                                             "--out results/methods/wn11-palt-s1.json")
     run = train.parse_args(shlex.split(lora[0])[2:])  # train.py takes it, at the final's budget
     assert (run.method, run.epochs, run.max_steps, run.dev_every, run.seed) == ("lora", 1, None, None, 1)
+
+
+def test_lora_at_palts_count_is_loras_searched_settings_at_a_rank_that_meets_palts_count(results, capsys):
+    ended_search(results, "tune-wn11-lora", [.8] * 20)
+    (results / "tune-wn11-lora" / "best.txt").write_text(
+        "python train.py --data wn11 --recipe cpu --model minilm --lr 0.0017 --method lora --lora-rank 8 "
+        "--lora-alpha 16.0 --seed 42 --out runs/tune-wn11-lora/best\n")
+    commands, _ = planned(capsys, "methods", "--graph", "wn11", "--seeds", "42", "--methods", "palt,lora-r48")
+    palt, wide = (train.parse_args(shlex.split(c.split(" && ")[0])[2:]) for c in commands)
+    assert (wide.method, wide.lora_rank, wide.lora_alpha, wide.lr) == ("lora", 48, 16.0, 0.0017)
+    assert commands[1].endswith("--out runs/wn11-lora-r48-s42 && python evaluate.py --tc --ckpt runs/wn11-lora-r48-s42 "
+                                "--dtype fp32 --out results/methods/wn11-lora-r48-s42.json")
+    counts = [param_report(build_palt(run.model, train.palt_config(run))[0])["tunable"] for run in (palt, wide)]
+    assert palt.model == wide.model == "minilm" and abs(counts[1] / counts[0] - 1) < 0.01  # PALT's count
 
 
 def test_umls_methods_train_8_epochs_and_rank_once_keeping_the_ranks(results, capsys):

@@ -11,7 +11,7 @@ from support import tables
 from conftest import clear_table_caches, study_with
 
 TOTAL = 23_000_000
-TUNABLE = {"palt": 600_000, "finetune": 23_000_000, "lora": 150_000, "bitfit": 100_000}
+TUNABLE = {"palt": 600_000, "finetune": 23_000_000, "lora": 150_000, "lora-r48": 590_000, "bitfit": 100_000}
 
 
 @pytest.fixture
@@ -79,6 +79,15 @@ def test_the_table_has_a_row_a_method_in_order_with_its_means_counts_and_sizes(r
     assert palt.endswith("| (the reference) |") and "ranks not kept" in lora.split(" | ")[-1]  # the gaps to PALT
 
 
+def test_lora_at_palts_count_is_a_row_after_lora_whose_search_is_loras(results):
+    three_methods(results)
+    final(results, "umls", "lora-r48", 42, .75)
+    study_with(results / "tune-umls-lora", [(.5, 1e-4), (.6, 9e-4)])
+    rows = tables.methods().splitlines()[2:]
+    assert [r.split(" | ")[0].strip("| ") for r in rows] == ["palt", "finetune", "lora", "lora-r48"]
+    assert "590,000 (2.57%)" in rows[3] and "| UMLS 2 |" in rows[3] and ".750 (seed 42)" in rows[3]
+
+
 def test_the_paired_gaps_read_the_kept_ranks_and_the_wn11_rights(results):
     three_methods(results)
     umls_ranks(results, "finetune", 42, 1)  # MRR 1 on every triple
@@ -108,9 +117,10 @@ def test_one_graphs_finals_give_its_answers_and_the_verdict_names_what_the_other
     assert "The paper's claim at equal budgets: on WN11 PALT is not within 1.00 points of finetuning" in verdict
     assert "on UMLS" not in verdict
     assert "at equal budgets on the other graph awaits `umls-palt-sS`, `umls-finetune-sS`." in verdict
-    assert ("PALT against the general methods: LoRA: PALT does not beat it on WN11 (86.00 against 87.00); "
-            "BitFit: PALT beats it on WN11 (86.00 against 84.00).") in verdict
-    assert "BitFit on the other graph awaits `umls-palt-sS`, `umls-lora-sS`, `umls-bitfit-sS`." in verdict
+    assert ("PALT (600k tunable) against the general methods: LoRA (150k tunable): PALT does not beat it on WN11 "
+            "(86.00 against 87.00); BitFit (100k tunable): PALT beats it on WN11 (86.00 against 84.00).") in verdict
+    assert ("Whether PALT beats the general methods where not answered above awaits `umls-palt-sS`, `umls-lora-sS`, "
+            "`umls-lora-r48-sS`, `wn11-lora-r48-s42`, `umls-bitfit-sS`.") in verdict
 
 
 def test_the_verdict_follows_the_numbers(results):
@@ -118,12 +128,16 @@ def test_the_verdict_follows_the_numbers(results):
                          "bitfit": (.60, .61, .62)}.items():
         for seed, mrr in zip(tables.SEEDS, mrrs):
             final(results, "umls", method, seed, mrr)
-    for method, acc in {"palt": .88, "finetune": .885, "lora": .86, "bitfit": .84}.items():
+    for method, acc in {"palt": .88, "finetune": .885, "lora": .86, "lora-r48": .89, "bitfit": .84}.items():
         final(results, "wn11", method, 42, acc)
+    for seed in tables.SEEDS:
+        final(results, "umls", "lora-r48", seed, .79)
     close = tables.methods_verdict()
     assert "on UMLS PALT is within .010 MRR of finetuning (.810 against .815, finetuning +.005" in close
     assert "on WN11 PALT is within 1.00 points" in close and "equal budgets: 8 epochs, 41.7k positives each" in close
-    assert "LoRA: PALT beats it on UMLS (.810 against .710) and beats it on WN11" in close
+    assert "LoRA (150k tunable): PALT beats it on UMLS (.810 against .710) and beats it on WN11" in close
+    assert ("LoRA at PALT's count (rank 48) (590k tunable): PALT beats it on UMLS (.810 against .790) and does not "
+            "beat it on WN11 (88.00 against 89.00)") in close
     assert "awaits" not in close
     tables.result.cache_clear()
     final(results, "umls", "finetune", 42, .95)  # finetuning now far ahead on one seed
