@@ -786,8 +786,9 @@ def tunable_of(method: str) -> str:
     no final records them."""
     for graph in METHOD_GRAPHS:
         names = finals(graph).get(method)
-        if names and train_of(next(iter(names.values())), "tunable") is not None:
-            return f" ({train_of(next(iter(names.values())), 'tunable') / 1e3:.0f}k tunable)"
+        tunable = train_of(next(iter(names.values())), "tunable") if names else None
+        if tunable is not None:
+            return f" ({tunable / 1e3:.0f}k tunable)"
     return ""
 
 
