@@ -119,8 +119,23 @@ def test_one_graphs_finals_give_its_answers_and_the_verdict_names_what_the_other
     assert "at equal budgets on the other graph awaits `umls-palt-sS`, `umls-finetune-sS`." in verdict
     assert ("PALT (600k tunable) against the general methods: LoRA (150k tunable): PALT does not beat it on WN11 "
             "(86.00 against 87.00); BitFit (100k tunable): PALT beats it on WN11 (86.00 against 84.00).") in verdict
-    assert ("Whether PALT beats the general methods where not answered above awaits `umls-palt-sS`, `umls-lora-sS`, "
+    assert ("Whether PALT beats the general methods at every seed on both graphs awaits `umls-palt-sS`, `umls-lora-sS`, "
             "`umls-lora-r48-sS`, `wn11-lora-r48-s42`, `umls-bitfit-sS`.") in verdict
+
+
+def test_a_method_with_fewer_seeds_than_palt_is_answered_at_the_seeds_both_hold(results):
+    for seed, acc in {42: .86, 1: .90}.items():
+        final(results, "wn11", "palt", seed, acc, epochs=1)
+        final(results, "wn11", "finetune", seed, acc + .03, epochs=1)
+    final(results, "wn11", "lora", 42, .85, epochs=1)  # below PALT's seed 42, above its mean of 88.00
+    final(results, "wn11", "bitfit", 1, .91, epochs=1)  # above PALT's seed 1
+    verdict = tables.methods_verdict()
+    assert "on WN11 PALT is not within 1.00 points of finetuning (88.00 against 91.00" in verdict
+    assert "LoRA (150k tunable): PALT beats it on WN11 (86.00 against 85.00, seed 42 alone)" in verdict
+    assert "BitFit (100k tunable): PALT does not beat it on WN11 (90.00 against 91.00, seed 1 alone)" in verdict
+    assert "LoRA at PALT's count" not in verdict.split("Whether PALT beats")[0]  # no final, no answer
+    awaited = verdict.split("Whether PALT beats the general methods at every seed on both graphs awaits ")[1]
+    assert "`wn11-lora-s1`" in awaited and "`wn11-bitfit-s42`" in awaited and "`wn11-lora-r48-sS`" in awaited
 
 
 def test_the_verdict_follows_the_numbers(results):
