@@ -98,9 +98,21 @@ def test_the_paired_gaps_read_the_kept_ranks_and_the_wn11_rights(results):
     palt, _, lora = tables.methods().splitlines()[2:]
     assert "UMLS s42: -.500 [-.500, -.500] (10)" in palt
     assert "WN11 s42: -5.00 [" in palt and "85.00 (seed 42)" in palt
-    assert "8 epochs, 41.7k positives against 8 epochs, 41.7k positives" in palt
+    assert "UMLS s42: -.500 [-.500, -.500] (10) (each 8 epochs, 41.7k positives)" in palt
     to_finetune, to_palt = lora.split(" | ")[-2:]
     assert "UMLS s42: -.750 [-.750, -.750] (10)" in to_finetune and "UMLS s42: -.250 [-.250, -.250] (10)" in to_palt
+
+
+def test_the_budgets_beside_the_gaps_are_said_once_when_alike_and_seed_by_seed_when_not(results):
+    for seed in (42, 1):
+        final(results, "wn11", "palt", seed, .85, epochs=1)
+        final(results, "wn11", "finetune", seed, .88, epochs=1)
+    final(results, "wn11", "lora", 42, .84, epochs=1)
+    final(results, "wn11", "lora", 1, .84, epochs=2)  # twice PALT's positives on this seed
+    palt, finetune, lora = tables.methods().splitlines()[2:]
+    assert palt.split(" | ")[-2].endswith("s1: -3.00 [-7.00, +0.00] (each 1 epoch, 5.2k positives)")  # said once
+    assert ("(s42: each 1 epoch, 5.2k positives; s1: 2 epochs, 10.4k positives against 1 epoch, 5.2k positives)"
+            in lora.split(" | ")[-1])
 
 
 def test_without_finals_the_block_is_one_sentence_and_the_verdict_names_what_is_missing(results):
