@@ -222,7 +222,8 @@ def summary() -> str:
 
 
 def readme_results() -> str:
-    """README's results table: the paper's PALT and the shipped adapters, with RESULTS' links."""
+    """README's results table: the paper's PALT and the shipped adapters, with RESULTS' links;
+    then the methods compared at equal budgets."""
     rows = []
     for data in SHIPPED:
         figure, note = shipped_row(data)
@@ -230,7 +231,25 @@ def readme_results() -> str:
         rows.append([f"[{NAMES[data]}](RESULTS.md#{data}) ({metric})", ", ".join(PAPER[data]),
                      f"{figure} ({note})"])
     return table(["benchmark", "paper: PALT, BERT-base", "ours: PALT, MiniLM (shipped adapter)"],
-                 rows)
+                 rows) + "\n\n" + readme_methods()
+
+
+def readme_methods() -> str:
+    """README's sentence on the paper's claim: each graph's headline test figure per method from
+    the finals of results/methods/, at the budget they share (or saying they do not)."""
+    parts = []
+    for graph, what, fmt in (("umls", "test MRR", rate), ("wn11", "test accuracy", points)):
+        got = finals(graph)
+        if not got:
+            parts.append(f"{NAMES[graph]} awaits its finals")
+            continue
+        budgets = list(dict.fromkeys(budget(n) for names in got.values() for n in names.values()))
+        each = f"{budgets[0]} each" if len(budgets) == 1 else "unequal budgets"
+        said = ", ".join(f"{NAMES_OF_METHODS[m]} {over_seeds(names, fmt)}"
+                         for m, names in got.items())
+        parts.append(f"{NAMES[graph]} {what} ({each}): {said}")
+    return ("The paper's claim, PALT within a fraction of a point of finetuning, tested at equal "
+            "budgets ([RESULTS.md](RESULTS.md#palt-against-finetuning)): " + "; ".join(parts) + ".")
 
 
 def seeds_row(label: str, stem: str) -> list[str]:

@@ -150,6 +150,19 @@ def test_a_method_with_fewer_seeds_than_palt_is_answered_at_the_seeds_both_hold(
     assert "`wn11-lora-s1`" in awaited and "`wn11-bitfit-s42`" in awaited and "`wn11-lora-r48-sS`" in awaited
 
 
+def test_readmes_sentence_gives_each_graphs_finals_and_names_a_graph_without_any(results):
+    assert tables.readme_methods().endswith(": UMLS awaits its finals; WN11 awaits its finals.")
+    for seed, acc in {42: .86, 1: .90}.items():
+        final(results, "wn11", "palt", seed, acc, epochs=1)
+    final(results, "wn11", "lora", 42, .85, epochs=1)
+    clear_table_caches()
+    said = tables.readme_methods()
+    assert ("UMLS awaits its finals; WN11 test accuracy (1 epoch, 5.2k positives each): PALT 88.00 ± 2.83 "
+            "(seeds 42, 1), LoRA 85.00 (seed 42).") in said
+    final(results, "wn11", "bitfit", 42, .80, epochs=2)  # twice the others' positives
+    clear_table_caches()
+    assert "WN11 test accuracy (unequal budgets): PALT" in tables.readme_methods()
+
 def test_the_verdict_follows_the_numbers(results):
     for method, mrrs in {"palt": (.80, .81, .82), "finetune": (.805, .815, .825), "lora": (.70, .71, .72),
                          "bitfit": (.60, .61, .62)}.items():
