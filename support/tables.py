@@ -591,9 +591,13 @@ def figure_of(name: str) -> float:
 def over_seeds(names: dict[int, str], fmt=rate) -> str:
     """'.781 ± .012 (seeds 42, 1, 2)', or one seed's figure with its seed."""
     values = [figure_of(n) for n in names.values()]
-    seeds = ", ".join(map(str, names))
     said = mean_sd(values, fmt) if len(values) > 1 else fmt(values[0])
-    return f"{said} (seed{'s' if len(values) > 1 else ''} {seeds})"
+    return f"{said} ({seed_words(list(names))})"
+
+
+def seed_words(seeds: list[int]) -> str:
+    """'seed 42' or 'seeds 42, 1'."""
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
 
 
 def train_of(name: str, key: str):
@@ -796,8 +800,7 @@ def methods_verdict() -> str:
             if not shared:
                 continue
             p, o = (mean_figure({s: got[m][s] for s in shared}) for m in ("palt", other))
-            alone = "" if len(shared) == len(seeds) else (
-                f", seed{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))} alone")
+            alone = "" if len(shared) == len(seeds) else f", {seed_words(shared)} alone"
             wins.append(f"{'beats' if p > o else 'does not beat'} it on {graph} "
                         f"({fmt(p)} against {fmt(o)}{alone})")
         if wins:
